@@ -1,0 +1,3 @@
+from bostudio.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,303 @@
+"""Build llama-server (and llama-quantize, llama-fit-params) from the pinned llama.cpp source.
+
+One CMake build per (llama.cpp commit, backend, flags), cached under the XDG cache dir. It builds
+shared libraries too, so the Python bindings load the engine's libllama (LLAMA_CPP_LIB_PATH)
+instead of compiling llama.cpp a second time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from bostudio import paths
+from bostudio.engine.source import LlamaSource, ensure_source
+from bostudio.errors import BuildError
+
+BACKENDS = ("cpu", "cuda", "hip", "sycl", "metal", "vulkan")
+
+# What every build needs: shared libs (for the bindings), the server and tools, no downloads.
+BASE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=ON",
+    "-DLLAMA_BUILD_TESTS=ON",  # test-llama-archs writes random small models for tests
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",  # would fetch UI assets from a hub at build time
+    "-DLLAMA_OPENSSL=OFF",
+    "-DGGML_CCACHE=OFF",
+)
+
+TARGETS = ("llama-server", "llama-quantize", "llama-fit-params", "test-llama-archs")
+
+MANIFEST = "engine.json"
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """What a backend needs on the machine, and how to get it."""
+
+    programs: tuple[str, ...]  # any one of each tuple entry group must be found
+    hint: str
+
+
+def _which_any(names: tuple[str, ...], extra_dirs: tuple[str, ...] = ()) -> str | None:
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+        for d in extra_dirs:
+            cand = Path(d) / name
+            if cand.exists():
+                return str(cand)
+    return None
+
+
+def backend_flags(backend: str, env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """CMake flags and extra environment for `backend`. Raises BuildError naming what to install."""
+    env = dict(os.environ if env is None else env)
+    extra_env: dict[str, str] = {}
+    system = platform.system()
+    if backend == "cpu":
+        return [], extra_env
+    if backend == "cuda":
+        nvcc = env.get("CUDACXX") or _which_any(("nvcc",), ("/usr/local/cuda/bin", "/opt/cuda/bin"))
+        if not nvcc:
+            raise BuildError("the CUDA backend needs nvcc, the CUDA compiler, and none was found",
+                             "install the NVIDIA CUDA Toolkit (e.g. `apt install nvidia-cuda-toolkit`) "
+                             "or put its bin/ on PATH, then run again")
+        flags = ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_COMPILER={nvcc}"]
+        archs = env.get("CMAKE_CUDA_ARCHITECTURES")
+        if archs:
+            flags.append(f"-DCMAKE_CUDA_ARCHITECTURES={archs}")
+        elif not shutil.which("nvidia-smi"):
+            # No GPU to detect ("native" would fail): cover Turing..Hopper and Blackwell.
+            flags.append("-DCMAKE_CUDA_ARCHITECTURES=75-virtual;80-virtual;86-real;89-real;90-real")
+        return flags, extra_env
+    if backend == "hip":
+        hipconfig = _which_any(("hipconfig",), ("/opt/rocm/bin",))
+        if not hipconfig or not _which_any(("hipcc",), ("/opt/rocm/bin",)):
+            raise BuildError("the HIP (ROCm) backend needs hipcc and hipconfig, and they were not found",
+                             "install ROCm (https://rocm.docs.amd.com, packages `rocm-hip-sdk`) "
+                             "and put /opt/rocm/bin on PATH")
+        llvm = subprocess.run([hipconfig, "-l"], capture_output=True, text=True).stdout.strip()
+        rocm = subprocess.run([hipconfig, "-R"], capture_output=True, text=True).stdout.strip()
+        extra_env = {"HIPCXX": f"{llvm}/clang", "HIP_PATH": rocm}
+        flags = ["-DGGML_HIP=ON"]
+        if env.get("GPU_TARGETS"):
+            flags.append(f"-DGPU_TARGETS={env['GPU_TARGETS']}")
+        return flags, extra_env
+    if backend == "sycl":
+        if not (_which_any(("icx",), ("/opt/intel/oneapi/compiler/latest/bin",))
+                and _which_any(("icpx",), ("/opt/intel/oneapi/compiler/latest/bin",))):
+            raise BuildError("the SYCL backend needs the oneAPI compilers icx/icpx, and they were not found",
+                             "install the Intel oneAPI Base Toolkit and run "
+                             "`source /opt/intel/oneapi/setvars.sh` in this shell first")
+        return ["-DGGML_SYCL=ON", "-DCMAKE_C_COMPILER=icx", "-DCMAKE_CXX_COMPILER=icpx"], extra_env
+    if backend == "metal":
+        if system != "Darwin":
+            raise BuildError(f"the Metal backend only builds on macOS (this is {system})",
+                             "use --backend cpu, cuda, hip, sycl or vulkan on this machine")
+        if not shutil.which("xcrun"):
+            raise BuildError("the Metal backend needs the Xcode command line tools",
+                             "run `xcode-select --install`")
+        return ["-DGGML_METAL=ON", "-DGGML_METAL_EMBED_LIBRARY=ON"], extra_env
+    if backend == "vulkan":
+        missing = []
+        if not shutil.which("glslc"):
+            missing.append("glslc (shader compiler)")
+        headers = [Path("/usr/include/vulkan/vulkan.h")]
+        if env.get("VULKAN_SDK"):
+            headers.append(Path(env["VULKAN_SDK"]) / "include" / "vulkan" / "vulkan.h")
+        if not any(h.exists() for h in headers):
+            missing.append("the Vulkan headers and loader")
+        if missing:
+            raise BuildError("the Vulkan backend needs " + " and ".join(missing) + ", not found",
+                             "install the Vulkan SDK (LunarG) or on Debian/Ubuntu "
+                             "`apt install libvulkan-dev glslc spirv-headers`")
+        return ["-DGGML_VULKAN=ON"], extra_env
+    raise BuildError(f"unknown backend {backend!r}", "choose one of: " + ", ".join(BACKENDS))
+
+
+def _check_base_toolchain() -> None:
+    missing = [p for p in ("cmake",) if not shutil.which(p)]
+    if not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
+        missing.append("a C++ compiler")
+    if missing:
+        raise BuildError("building llama.cpp needs " + " and ".join(missing),
+                         "install them, e.g. `apt install cmake build-essential` (Debian/Ubuntu) "
+                         "or `xcode-select --install` (macOS)")
+
+
+def cache_key(commit: str, backend: str, flags: list[str]) -> str:
+    digest = hashlib.sha256("\n".join([backend, *BASE_FLAGS, *flags]).encode()).hexdigest()[:10]
+    return f"{commit[:12]}-{backend}-{digest}"
+
+
+@dataclass(frozen=True)
+class BuiltEngine:
+    key: str
+    dir: Path
+    backend: str
+    commit: str
+    version: str  # llama-cpp-python version whose source was built
+    flags: tuple[str, ...]
+    build_seconds: float
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.dir / "build" / "bin"
+
+    @property
+    def server(self) -> Path:
+        return self.bin_dir / "llama-server"
+
+    def tool(self, name: str) -> Path:
+        return self.bin_dir / name
+
+
+def read_manifest(engine_dir: Path) -> BuiltEngine | None:
+    try:
+        data = json.loads((engine_dir / MANIFEST).read_text())
+        eng = BuiltEngine(key=data["key"], dir=engine_dir, backend=data["backend"],
+                          commit=data["commit"], version=data["version"], flags=tuple(data["flags"]),
+                          build_seconds=float(data.get("build_seconds", 0.0)))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return eng if eng.server.exists() else None
+
+
+def built_engines() -> list[BuiltEngine]:
+    root = paths.engines_dir()
+    if not root.is_dir():
+        return []
+    found = [read_manifest(d) for d in sorted(root.iterdir()) if d.is_dir()]
+    return [e for e in found if e is not None]
+
+
+_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")  # ninja
+_PROGRESS_MAKE = re.compile(r"^\[\s*(\d+)%\]")  # make
+
+
+class Progress:
+    """A progress line on a terminal, a line every 5% elsewhere (logs, CI)."""
+
+    def __init__(self, out=sys.stderr) -> None:
+        self.out = out
+        self.tty = out.isatty()
+        self.last_pct = -5
+        self.start = time.monotonic()
+
+    def update(self, done: int, total: int, what: str) -> None:
+        pct = int(100 * done / max(total, 1))
+        elapsed = time.monotonic() - self.start
+        eta = ""
+        if done > 0 and pct < 100:
+            eta = f", about {int(elapsed * (total - done) / done / 60) + 1} min left"
+        line = f"building llama.cpp: {pct:3d}% ({done}/{total}) {int(elapsed)}s{eta}"
+        if self.tty:
+            bar = "#" * (pct // 4) + "." * (25 - pct // 4)
+            self.out.write(f"\r[{bar}] {line} {what[:30]:30s}")
+            self.out.flush()
+        elif pct >= self.last_pct + 5 or done == total:
+            self.last_pct = pct
+            self.out.write(line + "\n")
+            self.out.flush()
+
+    def finish(self) -> None:
+        if self.tty:
+            self.out.write("\n")
+            self.out.flush()
+
+
+def build_engine(backend: str = "cpu", jobs: int | None = None, source: LlamaSource | None = None,
+                 log: Callable[[str], None] = print, force: bool = False) -> BuiltEngine:
+    """Build (or return the cached) engine for `backend`."""
+    if backend not in BACKENDS:
+        raise BuildError(f"unknown backend {backend!r}", "choose one of: " + ", ".join(BACKENDS))
+    flags, extra_env = backend_flags(backend)
+    _check_base_toolchain()
+    src = source or ensure_source(log=log)
+    key = cache_key(src.commit, backend, flags)
+    engine_dir = paths.engines_dir() / key
+    if not force:
+        cached = read_manifest(engine_dir)
+        if cached is not None:
+            return cached
+
+    engine_dir.mkdir(parents=True, exist_ok=True)
+    (engine_dir / MANIFEST).unlink(missing_ok=True)
+    build_dir = engine_dir / "build"
+    log_path = engine_dir / "build.log"
+    env = dict(os.environ, **extra_env)
+    # The source tree sits inside the sdist's own git metadata, so build-info reads the right commit.
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    configure = ["cmake", "-S", str(src.root), "-B", str(build_dir), *generator, *BASE_FLAGS, *flags]
+    jobs = jobs or os.cpu_count() or 2
+    compile_cmd = ["cmake", "--build", str(build_dir), "--parallel", str(jobs),
+                   "--target", *TARGETS]
+    log(f"building llama.cpp {src.short_commit} for {backend} with {jobs} jobs "
+        f"(log: {log_path}); a CPU build takes about 10-15 minutes on 2 cores")
+    started = time.monotonic()
+    with open(log_path, "w") as logf:
+        logf.write("$ " + " ".join(configure) + "\n")
+        logf.flush()
+        proc = subprocess.run(configure, stdout=logf, stderr=subprocess.STDOUT, env=env)
+        if proc.returncode != 0:
+            raise BuildError(f"CMake configure failed for the {backend} backend: "
+                             f"{_last_error(log_path)}", f"see the full log: {log_path}")
+        logf.write("$ " + " ".join(compile_cmd) + "\n")
+        logf.flush()
+        progress = Progress()
+        with subprocess.Popen(compile_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env=env, text=True, bufsize=1) as p:
+            assert p.stdout is not None
+            for line in p.stdout:
+                logf.write(line)
+                m = _PROGRESS.match(line)
+                if m:
+                    progress.update(int(m.group(1)), int(m.group(2)), line.split()[-1])
+                else:
+                    m = _PROGRESS_MAKE.match(line)
+                    if m:
+                        progress.update(int(m.group(1)), 100, line.split()[-1])
+            rc = p.wait()
+        progress.finish()
+        if rc != 0:
+            raise BuildError(f"compiling llama.cpp failed: {_last_error(log_path)}",
+                             f"see the full log: {log_path}")
+    seconds = time.monotonic() - started
+    manifest = {"key": key, "backend": backend, "commit": src.commit, "version": src.version,
+                "flags": flags, "build_seconds": round(seconds, 1), "source": str(src.root)}
+    tmp = engine_dir / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2))
+    tmp.replace(engine_dir / MANIFEST)
+    eng = read_manifest(engine_dir)
+    if eng is None:
+        raise BuildError("the build finished but llama-server is missing", f"see {log_path}")
+    log(f"built {eng.server} in {seconds / 60:.1f} min")
+    return eng
+
+
+def _last_error(log_path: Path) -> str:
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "no log"
+    for line in reversed(lines):
+        if "error" in line.lower():
+            return line.strip()[:300]
+    return (lines[-1].strip() if lines else "no output")[:300]

@@ -1,0 +1,56 @@
+"""The project's exception tree. Every error a user can cause is a BostudioError:
+the CLI prints its message and hint on one line each and exits non-zero, never a traceback.
+
+    BostudioError
+    ├── ConfigError          bad config / TOML / command-line value
+    ├── ModelError           a model cannot be found or resolved
+    │   └── GGUFFormatError  a file is not a readable GGUF (truncated, crafted, ...)
+    ├── EngineError          no usable llama-server, a failed probe
+    │   └── BuildError       building llama.cpp failed or a toolchain is missing
+    └── ServerError          llama-server did not start, crashed or misbehaved
+        └── PortInUseError   the port we were asked to bind is taken
+"""
+
+from __future__ import annotations
+
+
+class BostudioError(Exception):
+    """An error meant for the user: a one-line message and a hint saying what to do."""
+
+    title = "error"
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(BostudioError):
+    title = "config error"
+
+
+class ModelError(BostudioError):
+    title = "model error"
+
+
+class GGUFFormatError(ModelError):
+    title = "GGUF format error"
+
+
+class EngineError(BostudioError):
+    title = "engine error"
+
+
+class BuildError(EngineError):
+    title = "build error"
+
+
+class ServerError(BostudioError):
+    title = "server error"
+
+
+class PortInUseError(ServerError):
+    title = "port in use"
