@@ -19,6 +19,7 @@ from bostudio.gguf.split import read_header
 from bostudio.gguf.tokenizer import TokenizerInfo, describe_tokenizer
 
 _HINT = "the file is damaged or was written by a broken converter; download it again"
+MAX_LAYERS = 512  # LLAMA_MAX_LAYERS (src/llama-hparams.h)
 _BLK = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -301,8 +302,8 @@ def describe_header(header: Header) -> ModelInfo:
     a = header.architecture
     k = f"{a}."
     n_block = _uint(header, k + "block_count")
-    if n_block > 65536:
-        raise _fail(header, f"{k}block_count is {n_block:,}")
+    if n_block > MAX_LAYERS:
+        raise _fail(header, f"{k}block_count is {n_block:,}; llama.cpp allows at most {MAX_LAYERS}")
     n_nextn = _uint(header, k + "nextn_predict_layers")
     if n_nextn > n_block:
         raise _fail(header, f"{k}nextn_predict_layers ({n_nextn}) exceeds block_count ({n_block})")

@@ -285,6 +285,18 @@ class LocalFile:
         self.close()
 
 
+class BytesSource:
+    """A ByteSource over bytes already in memory (a test fixture, a fetched header)."""
+
+    def __init__(self, data: bytes, name: str = "<memory>") -> None:
+        self.name = name
+        self.size = len(data)
+        self._data = data
+
+    def read(self, offset: int, n: int) -> bytes:
+        return self._data[offset:offset + n]
+
+
 class _Cursor:
     """The header bytes read so far, grown on demand from the source, and a position in them."""
 
