@@ -2,8 +2,15 @@
 
 llama.cpp verifies drafts in batches, and batched arithmetic can flip a choice whose top two
 candidates are nearly equal. So at the first token where the speculative output departs from the
-baseline, the baseline's top-2 log-probability margin must be below 0.1 nats; a departure at a
-clear margin is a bug.
+baseline, the departure must be explained by batched arithmetic:
+
+- the token the speculative run picked is within 0.1 nats of the baseline's top choice (a near-tie;
+  it can be the third of three near-equal candidates: measured here 0.08 nats behind), or
+- when the gap is a little wider (measured here on the Q4_K_M Gemma file on a CPU: 0.16 nats), the
+  speculation-free server makes the very same choice when it evaluates the same prefix as one batch,
+  which is what verification does. Then the flip comes from the arithmetic, not from speculation.
+
+Anything else, such as a departure at a clear margin that batched evaluation does not reproduce, is a bug.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from bostudio.speculation import Speculator
 from conftest import free_port
 
 NEAR_TIE_NATS = 0.1
+TOP_K = 5
+BATCH_NOISE_NATS = 0.5  # the widest margin batched arithmetic may flip, when reproduced by a batch
 N_PREDICT = 96
 PROMPTS = [
     # Code with repetition: n-gram speculation drafts here.
@@ -73,16 +82,17 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def top2_margin(entry: dict) -> float:
-    top = sorted((t["logprob"] for t in entry["top_logprobs"]), reverse=True)
-    return top[0] - top[1]
+def gap_to_top(entry: dict, token: int) -> float | None:
+    """How many nats `token` trails the baseline's best token; None if it is not among the top few."""
+    probs = {t["id"]: t["logprob"] for t in entry["top_logprobs"]}
+    return max(probs.values()) - probs[token] if token in probs else None
 
 
 @pytest.mark.parametrize("spec_name", ["ngram", "draft-simple"])
 @pytest.mark.parametrize("prompt_index", range(len(PROMPTS)))
 def test_greedy_output_is_unchanged_by_speculation(servers, spec_name: str, prompt_index: int) -> None:
     prompt = PROMPTS[prompt_index]
-    base = generate(servers["off"], prompt, n_probs=2)
+    base = generate(servers["off"], prompt, n_probs=TOP_K)
     spec = generate(servers[spec_name], prompt)
     assert "draft_n" not in base["timings"]
     if spec_name == "draft-simple" or prompt_index == 0:
@@ -92,14 +102,26 @@ def test_greedy_output_is_unchanged_by_speculation(servers, spec_name: str, prom
     i = first_difference(base["tokens"], spec["tokens"])
     if i is None:
         return
-    margin = top2_margin(base["completion_probabilities"][i])
-    assert margin < NEAR_TIE_NATS, (
-        f"{spec_name} departs from the baseline at token {i} of {len(base['tokens'])} where the baseline's "
-        f"top-2 margin is {margin:.3f} nats (> {NEAR_TIE_NATS}): a real divergence, not a near-tie")
+    where = f"{spec_name} departs from the baseline at token {i} of {len(base['tokens'])}"
+    assert i < len(spec["tokens"]) and i < len(base["tokens"]), f"{where}: one output is a prefix of the other"
+    margin = gap_to_top(base["completion_probabilities"][i], spec["tokens"][i])
+    assert margin is not None, f"{where} to a token outside the baseline's top {TOP_K}: a bug"
+    if margin < NEAR_TIE_NATS:
+        return
+    assert margin < BATCH_NOISE_NATS, f"{where} at a clear margin of {margin:.3f} nats: a bug"
+    # Evaluate the prefix in one batch on the speculation-free server: the same flip proves arithmetic.
+    prefix = servers["off"].tokenize(prompt) + base["tokens"][:i]
+    batched = servers["off"].completion(prefix, 1, return_tokens=True)
+    assert batched["tokens"][0] == spec["tokens"][i], (
+        f"{where} (margin {margin:.3f} nats) and batched evaluation without speculation does not "
+        f"reproduce the flip: a bug")
 
 
 def test_first_difference() -> None:
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
     assert first_difference([1, 2], [1, 2, 3]) == 2
-    assert top2_margin({"top_logprobs": [{"logprob": -0.5}, {"logprob": -0.45}]}) == pytest.approx(0.05)
+    entry = {"top_logprobs": [{"id": 7, "logprob": -0.45}, {"id": 9, "logprob": -0.5}]}
+    assert gap_to_top(entry, 9) == pytest.approx(0.05)
+    assert gap_to_top(entry, 7) == 0
+    assert gap_to_top(entry, 3) is None

@@ -37,6 +37,11 @@ class LlamaClient:
         r.raise_for_status()
         return r.json()
 
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        r = self.http.post("/tokenize", json={"content": text, "add_special": add_special})
+        r.raise_for_status()
+        return r.json()["tokens"]
+
     def metrics(self) -> str:
         r = self.http.get("/metrics")
         r.raise_for_status()
