@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 
 from bostudio.catalog.embedded import ensure_default_model
 from bostudio.engine.discover import Engine, choose_engine, discover_engines
+from tests.netutil import free_port
 
 
 @pytest.fixture(scope="session")
@@ -33,22 +33,6 @@ def gemma_gguf() -> Path:
     return ensure_default_model(log=lambda m: print(m, file=sys.stderr))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
 @pytest.fixture
 def port() -> int:
     return free_port()
@@ -66,6 +50,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for mark in item.iter_markers(name="skip"):
             raise pytest.UsageError(f"{item.nodeid} is marked skip: make it run or delete it")
-
-
-__all__ = ["free_port", "port_is_free"]

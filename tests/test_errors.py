@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
+from tests.netutil import free_port
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -41,10 +41,11 @@ def test_unknown_name_lists_what_exists(tmp_state: Path, gemma_gguf: Path) -> No
     assert_one_line_error(proc, "no-such-model", "gemma-3-270m-q4_k_m")
 
 
-def test_truncated_gguf(tmp_state: Path, gemma_gguf: Path) -> None:
+@pytest.mark.parametrize("keep_bytes", [5_000_000, 150_000_000])  # in the vocab; in the tensor data
+def test_truncated_gguf(tmp_state: Path, gemma_gguf: Path, keep_bytes: int) -> None:
     bad = tmp_state / "truncated.gguf"
     with open(gemma_gguf, "rb") as src, open(bad, "wb") as dst:
-        dst.write(src.read(5_000_000))  # header intact, tensor data cut off
+        dst.write(src.read(keep_bytes))
     proc = run_cli("up", str(bad), "--port", str(free_port()))
     assert_one_line_error(proc, "truncated.gguf")
 

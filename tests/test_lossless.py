@@ -24,7 +24,7 @@ from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import ServerProcess
 from bostudio.speculation import Speculator
-from conftest import free_port
+from tests.netutil import free_port
 
 NEAR_TIE_NATS = 0.1
 TOP_K = 5

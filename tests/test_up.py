@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from conftest import free_port, port_is_free
+from tests.netutil import free_port, port_is_free
 
 READY_TIMEOUT_S = 120
 
