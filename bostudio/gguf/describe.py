@@ -129,6 +129,20 @@ class ModelInfo:
         return d
 
 
+    @classmethod
+    def from_json(cls, d: dict) -> "ModelInfo":
+        """Rebuild a ModelInfo from to_json() output (as the catalog caches it: no raw template, no token list
+        reference; describe() the file again for those)."""
+        d = dict(d)
+        for derived in ("is_mla", "is_moe", "is_recurrent", "is_hybrid"):
+            d.pop(derived, None)
+        d["path"] = Path(d["path"])
+        d["parts"] = tuple(Path(p) for p in d["parts"])
+        d["rope"] = RopeInfo(**d["rope"])
+        d["tokenizer"] = TokenizerInfo(**d["tokenizer"])
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
 def _fail(header: Header, what: str) -> GGUFFormatError:
     return GGUFFormatError(f"{header.path}: {what}", _HINT)
 

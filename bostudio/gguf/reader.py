@@ -304,6 +304,8 @@ class _Cursor:
 
     def __init__(self, source: ByteSource) -> None:
         self.src = source
+        # A remote source asks for smaller first reads: each byte it fetches is a byte downloaded.
+        self.first_read = getattr(source, "first_read", self.FIRST_READ)
         self.size = source.size
         self.buf = bytearray()
         self.pos = 0
@@ -321,7 +323,7 @@ class _Cursor:
                             f"(needs byte {end:,}, file has {self.size:,})")
         if end > MAX_HEADER_BYTES:
             raise self.fail(f"{what} would make the header larger than {MAX_HEADER_BYTES:,} bytes")
-        want = min(self.size, MAX_HEADER_BYTES, max(end, have * 2, self.FIRST_READ))
+        want = min(self.size, MAX_HEADER_BYTES, max(end, have * 2, self.first_read))
         chunk = self.src.read(have, want - have)
         if len(chunk) != want - have:
             raise self.fail(f"short read at byte {have:,} (file changed while reading?)")
