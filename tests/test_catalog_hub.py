@@ -197,3 +197,39 @@ def test_select_files_errors(ref: str, names: list[str], message: str) -> None:
     with pytest.raises(ModelError) as err:
         select_files(ref, _listing(*names))
     assert message in err.value.message
+
+
+def test_pull_shows_a_progress_bar_on_a_terminal(hub: FakeHub) -> None:
+    """huggingface-hub draws its bar when stderr is a terminal (not in logs): run pull on a pseudo-terminal."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # tqdm sizes bars to it
+    proc = subprocess.Popen([sys.executable, "-m", "bostudio", "pull", f"{REPO}:Q4_K_M"],
+                            stdout=subprocess.PIPE, stderr=slave, cwd=Path(__file__).resolve().parent.parent)
+    os.close(slave)
+    err = b""
+    while True:  # read while it runs: a closed pty may drop what nobody read
+        if select.select([master], [], [], 60)[0]:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child closed its end
+                break
+            if not chunk:
+                break
+            err += chunk
+        elif proc.poll() is not None:
+            break
+    os.close(master)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, err
+    text = err.decode(errors="replace")
+    assert "Tiny-Q4_K_M.gguf" in text and "100%" in text
+    assert out.decode().strip().endswith("Tiny-Q4_K_M.gguf")

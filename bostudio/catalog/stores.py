@@ -54,7 +54,7 @@ def model_stem(filename: str) -> str:
 
 def _is_later_split_part(name: str) -> bool:
     m = SPLIT_RE.match(name)
-    return bool(m) and int(m["no"]) != 1
+    return m is not None and int(m["no"]) != 1
 
 
 def _gguf_files(root: Path) -> Iterator[Path]:

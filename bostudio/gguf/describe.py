@@ -140,7 +140,7 @@ class ModelInfo:
         d["parts"] = tuple(Path(p) for p in d["parts"])
         d["rope"] = RopeInfo(**d["rope"])
         d["tokenizer"] = TokenizerInfo(**d["tokenizer"])
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})  # type: ignore[arg-type]
 
 
 def _fail(header: Header, what: str) -> GGUFFormatError:
@@ -392,7 +392,7 @@ def describe_header(header: Header) -> ModelInfo:
         leading_dense_blocks=_uint(header, k + "leading_dense_block_count"),
         has_mtp=has_mtp, drafter=drafter,
         drafter_block_size=_uint(header, "dflash.block_size", 16) if a == "dflash" else 0,
-        drafter_target_layers=tuple(int(v) for v in target_layers.values) if target_layers else (),
+        drafter_target_layers=tuple(int(v) for v in target_layers.values or ()) if target_layers else (),
         drafter_target_hidden=_uint(header, "eagle3.target_hidden_size") if a == "eagle3" else 0,
         tokenizer=tokenizer,
         has_chat_template=bool(template) or bool(template_names),
