@@ -214,7 +214,7 @@ class Progress:
         pct = int(100 * done / max(total, 1))
         elapsed = time.monotonic() - self.start
         eta = ""
-        if done > 0 and pct < 100:
+        if pct >= 5 and pct < 100:  # before that, the estimate is noise
             eta = f", about {int(elapsed * (total - done) / done / 60) + 1} min left"
         line = f"building llama.cpp: {pct:3d}% ({done}/{total}) {int(elapsed)}s{eta}"
         if self.tty:
