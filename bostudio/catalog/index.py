@@ -7,19 +7,22 @@ result under the XDG cache dir keyed by (path, size, mtime), so a rescan of unch
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from bostudio import paths
 from bostudio.catalog.config import CatalogConfig, load_catalog_config
 from bostudio.catalog.stores import Found, scan_dir, scan_hf_cache, scan_lmstudio, scan_ollama
 from bostudio.errors import GGUFFormatError, ModelError
-from bostudio.gguf import ModelInfo, describe, split_part_names
+from bostudio.gguf import ModelInfo, RopeInfo, TokenizerInfo, describe, split_part_names
 
-CACHE_VERSION = 1
+# The cache is dropped whenever ModelInfo's fields change, so a newer bostudio never misreads an older cache.
+CACHE_VERSION = "2:" + hashlib.sha256(",".join(
+    f.name for cls in (ModelInfo, RopeInfo, TokenizerInfo) for f in fields(cls)).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

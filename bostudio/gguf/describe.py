@@ -104,6 +104,11 @@ class ModelInfo:
         return bool(self.key_length_mla and self.value_length_mla)
 
     @property
+    def mtp_usable(self) -> bool:
+        """NextN layers llama.cpp can run as an MTP draft (tensors present and the arch has an MTP graph)."""
+        return self.has_mtp and self.architecture in rules.MTP_GRAPH_ARCHS
+
+    @property
     def is_moe(self) -> bool:
         return self.n_expert > 0
 
@@ -125,7 +130,7 @@ class ModelInfo:
         d.pop("chat_template")
         d["tokenizer"].pop("tokens", None)
         d.update(is_mla=self.is_mla, is_moe=self.is_moe, is_recurrent=self.is_recurrent,
-                 is_hybrid=self.is_hybrid)
+                 is_hybrid=self.is_hybrid, mtp_usable=self.mtp_usable)
         return d
 
 
@@ -134,7 +139,7 @@ class ModelInfo:
         """Rebuild a ModelInfo from to_json() output (as the catalog caches it: no raw template, no token list
         reference; describe() the file again for those)."""
         d = dict(d)
-        for derived in ("is_mla", "is_moe", "is_recurrent", "is_hybrid"):
+        for derived in ("is_mla", "is_moe", "is_recurrent", "is_hybrid", "mtp_usable"):
             d.pop(derived, None)
         d["path"] = Path(d["path"])
         d["parts"] = tuple(Path(p) for p in d["parts"])
