@@ -19,9 +19,9 @@ from bostudio.errors import GGUFFormatError
 from bostudio.gguf import BytesSource, describe_header, parse_header
 from tests.gguf_factory import dense_layers, write_model
 
-CASES = 2400
+CASES = 2000
 MAX_ALLOC = 1024 * 1024  # bytes allocated while reading one 8 KB file
-TRACE_EVERY = 3
+TRACE_EVERY = 4
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def test_fuzzed_files_fail_only_with_the_typed_error(base: bytes) -> None:
     slowest = 0.0
     for i in range(CASES):
         data = _mutate(rng, base, header_end)
-        traced = i % TRACE_EVERY == 0  # tracemalloc slows parsing ~7x: measure a third of the cases
+        traced = i % TRACE_EVERY == 0  # tracemalloc slows parsing ~7x: measure every 4th case
         if traced:
             tracemalloc.start()
         t0 = time.perf_counter()
