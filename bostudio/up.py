@@ -6,7 +6,6 @@ import errno
 import signal
 import socket
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,7 +118,7 @@ def run_up(opts: UpOptions, out=sys.stdout) -> int:
         describe(request.draft)
     check_port_free(opts.host, opts.port)
     engine: Engine = find_engine(opts.engine)
-    speculator = choose_speculator(request, n_nextn=info.n_nextn, engine_spec_types=engine.spec_types,
+    speculator = choose_speculator(request, n_nextn=info.n_nextn if info.mtp_usable else 0, engine_spec_types=engine.spec_types,
                                    has_gpu=engine.gpu_mib() > 0)
     alias = model_name(model)
     spec = LaunchSpec(model=model, alias=alias, port=opts.port, host=opts.host, ctx=opts.ctx,

@@ -88,7 +88,7 @@ def main() -> None:
     engine = find_engine()
     model = resolve_model(args.model)
     info = describe(model)
-    auto = choose_speculator(SpecRequest("auto"), n_nextn=info.n_nextn, engine_spec_types=engine.spec_types,
+    auto = choose_speculator(SpecRequest("auto"), n_nextn=info.n_nextn if info.mtp_usable else 0, engine_spec_types=engine.spec_types,
                              has_gpu=engine.gpu_mib() > 0)
     print(f"model: {model.name}  engine: {engine.path} ({engine.version}, {engine.commit})  cpus: {os.cpu_count()}")
     print(f"auto picks: {auto.label} ({auto.reason})")

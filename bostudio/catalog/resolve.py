@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from bostudio import paths
 from bostudio.catalog.embedded import DEFAULT_NAME, ensure_default_model
+from bostudio.catalog.index import resolve_name
 from bostudio.errors import ModelError
 
 
@@ -17,7 +17,7 @@ def model_name(path: Path) -> str:
 
 
 def resolve_model(arg: str | None, log: Callable[[str], None] = print) -> Path:
-    """None → the embedded default; an existing path → itself; else a name in models/."""
+    """None → the embedded default; an existing path → itself; else a name from the catalog."""
     if arg is None or arg == DEFAULT_NAME:
         return ensure_default_model(log=log)
     p = Path(arg).expanduser()
@@ -25,15 +25,7 @@ def resolve_model(arg: str | None, log: Callable[[str], None] = print) -> Path:
         return p
     if p.exists():
         raise ModelError(f"{arg} is not a file", "pass a .gguf file or a model name")
-    models = paths.models_dir()
-    candidates = sorted(q for q in models.glob("*.gguf") if arg.lower() in (q.stem.lower(), q.name.lower()))
-    if not candidates:
-        candidates = sorted(q for q in models.glob("*.gguf") if arg.lower() in q.stem.lower())
-    if len(candidates) == 1:
-        return candidates[0]
-    if len(candidates) > 1:
-        names = ", ".join(model_name(c) for c in candidates)
-        raise ModelError(f"model name {arg!r} is ambiguous: {names}", "use one of the full names or a path")
-    known = ", ".join(sorted(model_name(q) for q in models.glob("*.gguf"))) or "none"
-    raise ModelError(f"model {arg!r} not found (no such file, and no such name in {models})",
-                     f"pass a path to a .gguf file; names in models/: {known}")
+    if arg.lower().endswith(".gguf") or arg.startswith(("/", "./", "../", "~")):
+        raise ModelError(f"model file {arg} not found", "check the path, or name a model `bostudio ls` lists")
+    # A name: models/, configured dirs, the HF cache, LM Studio and Ollama (bostudio ls).
+    return resolve_name(arg)
