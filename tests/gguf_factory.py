@@ -1,0 +1,93 @@
+"""Small GGUF files for tests, written with gguf-py's GGUFWriter (the reference writer).
+
+`write_model(path, arch, kv, tensors)`: kv maps keys *without* the "{arch}." prefix when they start with
+"." (".block_count" -> "llama.block_count"); ints are written as UINT32, floats FLOAT32, lists as arrays.
+Tensors are F32 zeros of the given ggml shape (ne0 first) unless a ggml type name is given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter
+
+VOCAB = ["<unk>", "<s>", "</s>"] + [f"tok{i}" for i in range(29)]
+
+
+def write_model(path: Path, arch: str, kv: dict[str, object],
+                tensors: dict[str, tuple[int, ...] | tuple[tuple[int, ...], str]],
+                vocab: list[str] | None = VOCAB, chat_template: str | None = None) -> Path:
+    """Write a GGUF with the given metadata and zero-filled tensors; return its path."""
+    w = GGUFWriter(str(path), arch)
+    for key, value in kv.items():
+        full = f"{arch}{key}" if key.startswith(".") else key
+        if isinstance(value, bool):
+            w.add_bool(full, value)
+        elif isinstance(value, int):
+            w.add_uint32(full, value)
+        elif isinstance(value, float):
+            w.add_float32(full, value)
+        elif isinstance(value, str):
+            w.add_string(full, value)
+        elif isinstance(value, (list, tuple)):
+            w.add_array(full, list(value))
+        else:
+            raise TypeError(f"{key}: {value!r}")
+    if vocab is not None:
+        w.add_tokenizer_model("llama")
+        w.add_token_list(vocab)
+        w.add_token_scores([0.0] * len(vocab))
+        w.add_token_types([1] * len(vocab))
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
+    for name, spec in tensors.items():
+        if spec and isinstance(spec[0], tuple):
+            shape, type_name = spec  # type: ignore[misc]
+        else:
+            shape, type_name = spec, "F32"  # type: ignore[assignment]
+        qtype = GGMLQuantizationType[type_name]
+        if qtype == GGMLQuantizationType.F32:
+            w.add_tensor(name, np.zeros(tuple(reversed(shape)), dtype=np.float32))
+        else:
+            from gguf.constants import GGML_QUANT_SIZES
+            block, size = GGML_QUANT_SIZES[qtype]
+            rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            raw = np.zeros((rows, shape[0] // block * size), dtype=np.uint8)
+            w.add_tensor(name, raw, raw_shape=tuple(reversed(shape)), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
+def dense_layers(n_layer: int, n_embd: int, n_head: int, n_head_kv: int, head_dim: int, n_ff: int,
+                 first: int = 0) -> dict[str, tuple[int, ...]]:
+    """Tensors of n_layer standard attention + SwiGLU blocks, numbered from `first`."""
+    t: dict[str, tuple[int, ...]] = {}
+    for i in range(first, first + n_layer):
+        t[f"blk.{i}.attn_norm.weight"] = (n_embd,)
+        t[f"blk.{i}.attn_q.weight"] = (n_embd, n_head * head_dim)
+        t[f"blk.{i}.attn_k.weight"] = (n_embd, n_head_kv * head_dim)
+        t[f"blk.{i}.attn_v.weight"] = (n_embd, n_head_kv * head_dim)
+        t[f"blk.{i}.attn_output.weight"] = (n_head * head_dim, n_embd)
+        t[f"blk.{i}.ffn_norm.weight"] = (n_embd,)
+        t[f"blk.{i}.ffn_gate.weight"] = (n_embd, n_ff)
+        t[f"blk.{i}.ffn_up.weight"] = (n_embd, n_ff)
+        t[f"blk.{i}.ffn_down.weight"] = (n_ff, n_embd)
+    return t
+
+
+def tiny_llama(path: Path, n_layer: int = 2, chat_template: str | None = None) -> Path:
+    """A small llama: 32 tokens, n_embd 64, 4 heads x 16, 2 KV heads, untied output."""
+    tensors: dict = {"token_embd.weight": (64, len(VOCAB)), "output_norm.weight": (64,),
+                     "output.weight": (64, len(VOCAB))}
+    tensors.update(dense_layers(n_layer, 64, 4, 2, 16, 128))
+    kv = {".context_length": 2048, ".embedding_length": 64, ".block_count": n_layer,
+          ".feed_forward_length": 128, ".attention.head_count": 4, ".attention.head_count_kv": 2,
+          ".attention.layer_norm_rms_epsilon": 1e-5, ".rope.dimension_count": 16,
+          ".rope.freq_base": 10000.0, "general.name": "tiny llama", "general.file_type": 0}
+    return write_model(path, "llama", kv, tensors, chat_template=chat_template)
