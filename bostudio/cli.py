@@ -274,7 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "llama.cpp source vendored in the pinned llama-cpp-python sdist. "
                                     "Cached under the XDG cache dir by commit, backend and flags: a "
                                     "second run returns at once.")
-    b.add_argument("--backend", choices=BACKENDS, default="cpu", help="GPU/CPU backend (default cpu)")
+    b.add_argument("--backend", choices=("auto", *BACKENDS), default="cpu",
+                   help="GPU/CPU backend (default cpu; auto = the backend of this machine's GPU "
+                        "when its toolkit is installed)")
     b.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel compile jobs (default: all cores)")
     b.add_argument("--force", action="store_true", help="rebuild even if a cached build exists")
     b.set_defaults(func=cmd_engine_build)
@@ -299,9 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return func(args)
     except BostudioError as exc:
-        print(f"bostudio: {exc.title}: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"  hint: {exc.hint}", file=sys.stderr)
+        # One line: what went wrong, then what to do about it.
+        hint = f" (hint: {exc.hint})" if exc.hint else ""
+        print(f"bostudio: {exc.title}: {exc.message}{hint}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

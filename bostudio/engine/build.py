@@ -45,24 +45,18 @@ TARGETS = ("llama-server", "llama-quantize", "llama-fit-params", "test-llama-arc
 
 MANIFEST = "engine.json"
 
-
-@dataclass(frozen=True)
-class Toolchain:
-    """What a backend needs on the machine, and how to get it."""
-
-    programs: tuple[str, ...]  # any one of each tuple entry group must be found
-    hint: str
+# Where toolkits install off PATH.
+ROCM_DIRS: tuple[str, ...] = ("/opt/rocm/bin",)
+VULKAN_HEADERS: tuple[Path, ...] = (Path("/usr/include/vulkan/vulkan.h"),)
 
 
-def _which_any(names: tuple[str, ...], extra_dirs: tuple[str, ...] = ()) -> str | None:
+def _which_any(names: tuple[str, ...], env: dict[str, str], extra_dirs: tuple[str, ...] = ()) -> str | None:
+    """The first of `names` on env's PATH or in `extra_dirs` (toolkits that install off PATH)."""
+    search = os.pathsep.join([env.get("PATH", ""), *extra_dirs])
     for name in names:
-        found = shutil.which(name)
+        found = shutil.which(name, path=search)
         if found:
             return found
-        for d in extra_dirs:
-            cand = Path(d) / name
-            if cand.exists():
-                return str(cand)
     return None
 
 
@@ -74,7 +68,8 @@ def backend_flags(backend: str, env: dict[str, str] | None = None) -> tuple[list
     if backend == "cpu":
         return [], extra_env
     if backend == "cuda":
-        nvcc = env.get("CUDACXX") or _which_any(("nvcc",), ("/usr/local/cuda/bin", "/opt/cuda/bin"))
+        cuda_home = [f"{env[v]}/bin" for v in ("CUDA_HOME", "CUDA_PATH") if env.get(v)]
+        nvcc = env.get("CUDACXX") or _which_any(("nvcc",), env, tuple(cuda_home))
         if not nvcc:
             raise BuildError("the CUDA backend needs nvcc, the CUDA compiler, and none was found",
                              "install the NVIDIA CUDA Toolkit (e.g. `apt install nvidia-cuda-toolkit`) "
@@ -83,13 +78,14 @@ def backend_flags(backend: str, env: dict[str, str] | None = None) -> tuple[list
         archs = env.get("CMAKE_CUDA_ARCHITECTURES")
         if archs:
             flags.append(f"-DCMAKE_CUDA_ARCHITECTURES={archs}")
-        elif not shutil.which("nvidia-smi"):
+        elif not _which_any(("nvidia-smi",), env):
             # No GPU to detect ("native" would fail): cover Turing..Hopper and Blackwell.
             flags.append("-DCMAKE_CUDA_ARCHITECTURES=75-virtual;80-virtual;86-real;89-real;90-real")
         return flags, extra_env
     if backend == "hip":
-        hipconfig = _which_any(("hipconfig",), ("/opt/rocm/bin",))
-        if not hipconfig or not _which_any(("hipcc",), ("/opt/rocm/bin",)):
+        rocm = tuple(f"{env[v]}/bin" for v in ("ROCM_PATH",) if env.get(v)) + ROCM_DIRS
+        hipconfig = _which_any(("hipconfig",), env, rocm)
+        if not hipconfig or not _which_any(("hipcc",), env, rocm):
             raise BuildError("the HIP (ROCm) backend needs hipcc and hipconfig, and they were not found",
                              "install ROCm (https://rocm.docs.amd.com, packages `rocm-hip-sdk`) "
                              "and put /opt/rocm/bin on PATH")
@@ -101,8 +97,7 @@ def backend_flags(backend: str, env: dict[str, str] | None = None) -> tuple[list
             flags.append(f"-DGPU_TARGETS={env['GPU_TARGETS']}")
         return flags, extra_env
     if backend == "sycl":
-        if not (_which_any(("icx",), ("/opt/intel/oneapi/compiler/latest/bin",))
-                and _which_any(("icpx",), ("/opt/intel/oneapi/compiler/latest/bin",))):
+        if not (_which_any(("icx",), env) and _which_any(("icpx",), env)):
             raise BuildError("the SYCL backend needs the oneAPI compilers icx/icpx, and they were not found",
                              "install the Intel oneAPI Base Toolkit and run "
                              "`source /opt/intel/oneapi/setvars.sh` in this shell first")
@@ -111,15 +106,15 @@ def backend_flags(backend: str, env: dict[str, str] | None = None) -> tuple[list
         if system != "Darwin":
             raise BuildError(f"the Metal backend only builds on macOS (this is {system})",
                              "use --backend cpu, cuda, hip, sycl or vulkan on this machine")
-        if not shutil.which("xcrun"):
+        if not _which_any(("xcrun",), env):
             raise BuildError("the Metal backend needs the Xcode command line tools",
                              "run `xcode-select --install`")
         return ["-DGGML_METAL=ON", "-DGGML_METAL_EMBED_LIBRARY=ON"], extra_env
     if backend == "vulkan":
         missing = []
-        if not shutil.which("glslc"):
+        if not _which_any(("glslc",), env):
             missing.append("glslc (shader compiler)")
-        headers = [Path("/usr/include/vulkan/vulkan.h")]
+        headers = list(VULKAN_HEADERS)
         if env.get("VULKAN_SDK"):
             headers.append(Path(env["VULKAN_SDK"]) / "include" / "vulkan" / "vulkan.h")
         if not any(h.exists() for h in headers):
@@ -132,9 +127,27 @@ def backend_flags(backend: str, env: dict[str, str] | None = None) -> tuple[list
     raise BuildError(f"unknown backend {backend!r}", "choose one of: " + ", ".join(BACKENDS))
 
 
-def _check_base_toolchain() -> None:
-    missing = [p for p in ("cmake",) if not shutil.which(p)]
-    if not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
+def detect_backend(env: dict[str, str] | None = None) -> str:
+    """The backend for this machine's GPU, when its toolkit is installed too; else cpu."""
+    env = dict(os.environ if env is None else env)
+    if platform.system() == "Darwin" and platform.machine() == "arm64":
+        return "metal"
+    smi = _which_any(("nvidia-smi",), env)
+    if smi:
+        try:
+            gpus = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            gpus = ""
+        if "GPU" in gpus and (env.get("CUDACXX") or _which_any(("nvcc",), env)):
+            return "cuda"
+    if Path("/dev/kfd").exists() and _which_any(("hipcc",), env, ROCM_DIRS):
+        return "hip"
+    return "cpu"
+
+
+def _check_base_toolchain(env: dict[str, str]) -> None:
+    missing = [p for p in ("cmake",) if not _which_any((p,), env)]
+    if not _which_any(("c++", "g++", "clang++"), env):
         missing.append("a C++ compiler")
     if missing:
         raise BuildError("building llama.cpp needs " + " and ".join(missing),
@@ -205,7 +218,7 @@ class Progress:
         pct = int(100 * done / max(total, 1))
         elapsed = time.monotonic() - self.start
         eta = ""
-        if done > 0 and pct < 100:
+        if pct >= 5 and pct < 100:  # before that, the estimate is noise
             eta = f", about {int(elapsed * (total - done) / done / 60) + 1} min left"
         line = f"building llama.cpp: {pct:3d}% ({done}/{total}) {int(elapsed)}s{eta}"
         if self.tty:
@@ -226,10 +239,13 @@ class Progress:
 def build_engine(backend: str = "cpu", jobs: int | None = None, source: LlamaSource | None = None,
                  log: Callable[[str], None] = print, force: bool = False) -> BuiltEngine:
     """Build (or return the cached) engine for `backend`."""
-    if backend not in BACKENDS:
+    if backend not in BACKENDS and backend != "auto":
         raise BuildError(f"unknown backend {backend!r}", "choose one of: " + ", ".join(BACKENDS))
+    if backend == "auto":
+        backend = detect_backend()
+        log(f"auto-detected backend: {backend}")
     flags, extra_env = backend_flags(backend)
-    _check_base_toolchain()
+    _check_base_toolchain(dict(os.environ))
     src = source or ensure_source(log=log)
     key = cache_key(src.commit, backend, flags)
     engine_dir = paths.engines_dir() / key

@@ -1,0 +1,209 @@
+"""Find every llama-server bostudio can use, probe what each one can do, and choose one.
+
+Probing runs the binary with `--version` (stderr), `--list-devices` (stdout) and `--help`
+(the `--spec-type` values it knows). Capabilities come from the binary, not from its version.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bostudio.engine.build import built_engines
+from bostudio.errors import EngineError
+
+PROBE_TIMEOUT_S = 20.0
+
+_VERSION = re.compile(r"^version: (\S+) \(build (\d+), commit ([0-9a-f]+|unknown)\)", re.M)
+_BUILT = re.compile(r"^built with (.+) for (.+)$", re.M)
+_DEVICE = re.compile(r"^\s+(\S+): (.*) \((\d+) MiB, (\d+) MiB free\)\s*$", re.M)
+# Device-name prefixes identify backends (reference 3.2).
+_DEVICE_BACKEND = (("CUDA", "cuda"), ("ROCm", "hip"), ("MUSA", "musa"), ("Vulkan", "vulkan"),
+                   ("SYCL", "sycl"), ("MTL", "metal"), ("RPC", "rpc"))
+_LIB_BACKEND = re.compile(r"^(?:lib)?ggml-([a-z0-9]+)")
+KNOWN_SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
+                    "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+
+
+@dataclass(frozen=True)
+class EngineDevice:
+    name: str  # e.g. CUDA0
+    description: str
+    total_mib: int
+    free_mib: int
+    backend: str
+
+
+@dataclass(frozen=True)
+class Engine:
+    path: Path
+    source: str  # "built" | "env" | "path"
+    version: str = "unknown"
+    build: int = 0
+    commit: str = "unknown"
+    compiler: str = ""
+    target: str = ""
+    backends: tuple[str, ...] = ()
+    devices: tuple[EngineDevice, ...] = ()
+    spec_types: tuple[str, ...] = ()
+    flags: frozenset[str] = field(default_factory=frozenset)  # every option --help lists
+    problem: str | None = None  # why it cannot be used, if it cannot
+
+    @property
+    def usable(self) -> bool:
+        return self.problem is None
+
+    def supports(self, flag: str) -> bool:
+        return flag in self.flags
+
+    def gpu_mib(self) -> int:
+        return sum(d.total_mib for d in self.devices)
+
+    def tool(self, name: str) -> Path | None:
+        """A sibling binary from the same build (llama-quantize, llama-fit-params...)."""
+        cand = self.path.parent / name
+        return cand if cand.exists() else None
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["path"] = str(self.path)
+        data["flags"] = sorted(self.flags)
+        return data
+
+
+def _run(path: Path, arg: str) -> tuple[int, str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
+    proc = subprocess.run([str(path), arg], capture_output=True, text=True, errors="replace",
+                          timeout=PROBE_TIMEOUT_S, env=env, stdin=subprocess.DEVNULL)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def parse_version(text: str) -> dict:
+    out: dict = {}
+    m = _VERSION.search(text)
+    if m:
+        out.update(version=m.group(1), build=int(m.group(2)), commit=m.group(3))
+    m = _BUILT.search(text)
+    if m:
+        out.update(compiler=m.group(1).strip(), target=m.group(2).strip())
+    return out
+
+
+def parse_devices(text: str) -> tuple[EngineDevice, ...]:
+    devices = []
+    for name, desc, total, free in _DEVICE.findall(text):
+        backend = next((b for prefix, b in _DEVICE_BACKEND if name.startswith(prefix)), "unknown")
+        devices.append(EngineDevice(name, desc.strip(), int(total), int(free), backend))
+    return tuple(devices)
+
+
+def parse_help(text: str) -> tuple[tuple[str, ...], frozenset[str]]:
+    """(spec types, option names) from `llama-server --help`. An option line starts with its
+    comma-separated names ("-a,    --alias STRING   ..."); removed options do not count."""
+    flags: set[str] = set()
+    spec: list[str] = []
+    for line in text.splitlines():
+        if not line.startswith("-") or "the argument has been removed" in line:
+            continue
+        tokens = line.split()
+        names: list[str] = []
+        for tok in tokens:
+            if not tok.startswith("-"):
+                break
+            names.append(tok.rstrip(","))
+            if not tok.endswith(","):
+                break
+        flags.update(names)
+        if names and names[-1] == "--spec-type" and len(tokens) > len(names):
+            listed = tokens[len(names)].split(",")  # "none,draft-simple,...,ngram-cache"
+            spec = [t for t in KNOWN_SPEC_TYPES if t in listed] + [t for t in listed if t not in KNOWN_SPEC_TYPES]
+    return tuple(spec), frozenset(flags)
+
+
+def _lib_backends(bin_dir: Path) -> set[str]:
+    found = set()
+    for lib in bin_dir.glob("*ggml-*"):
+        m = _LIB_BACKEND.match(lib.name)
+        if m and m.group(1) not in ("base",):
+            found.add(m.group(1))
+    return found
+
+
+def probe_engine(path: Path, source: str) -> Engine:
+    """Probe a llama-server binary. A binary that cannot run is returned with `problem` set."""
+    path = Path(path)
+    if not path.exists():
+        return Engine(path, source, problem="file does not exist")
+    if not os.access(path, os.X_OK):
+        return Engine(path, source, problem="not executable")
+    try:
+        rc, out, err = _run(path, "--version")
+        info = parse_version(out + "\n" + err)
+        if rc != 0 or "version" not in info:
+            return Engine(path, source, problem=f"`--version` failed: {(err or out).strip()[-200:]}")
+        _, dev_out, _ = _run(path, "--list-devices")
+        devices = parse_devices(dev_out)
+        _, help_out, help_err = _run(path, "--help")
+        spec_types, flags = parse_help(help_out + "\n" + help_err)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Engine(path, source, problem=f"probe failed: {exc}")
+    backends = {"cpu"} | _lib_backends(path.parent) | {d.backend for d in devices}
+    problem = None
+    if "--spec-type" not in flags:
+        problem = "this llama-server has no --spec-type (too old for bostudio's speculative settings)"
+    return Engine(path=path, source=source, backends=tuple(sorted(backends)), devices=devices,
+                  spec_types=spec_types, flags=flags, problem=problem, **info)
+
+
+def candidate_paths() -> list[tuple[Path, str]]:
+    """Every llama-server we know of, most explicit first, without duplicates."""
+    cands: list[tuple[Path, str]] = []
+    env = os.environ.get("LLAMA_SERVER")
+    if env:
+        cands.append((Path(env).expanduser(), "env"))
+    for eng in built_engines():
+        cands.append((eng.server, "built"))
+    on_path = shutil.which("llama-server")
+    if on_path:
+        cands.append((Path(on_path), "path"))
+    seen: set[Path] = set()
+    unique = []
+    for p, src in cands:
+        key = p.resolve() if p.exists() else p
+        if key not in seen:
+            seen.add(key)
+            unique.append((p, src))
+    return unique
+
+
+def discover_engines() -> list[Engine]:
+    return [probe_engine(p, src) for p, src in candidate_paths()]
+
+
+_SOURCE_RANK = {"env": 2, "built": 1, "path": 0}
+
+
+def choose_engine(engines: list[Engine]) -> Engine:
+    """The best usable engine for this machine's devices: one that sees GPUs beats CPU-only, more
+    device memory beats less; on a tie the one the user named (LLAMA_SERVER) beats our build beats PATH."""
+    usable = [e for e in engines if e.usable]
+    if not usable:
+        why = "; ".join(f"{e.path}: {e.problem}" for e in engines) or "none found"
+        raise EngineError(f"no usable llama-server ({why})",
+                          "run `bostudio engine build`, or set LLAMA_SERVER to a recent llama-server")
+    return max(usable, key=lambda e: (e.gpu_mib() > 0, e.gpu_mib(), _SOURCE_RANK.get(e.source, 0)))
+
+
+def find_engine(explicit: str | None = None) -> Engine:
+    """The engine to launch: `explicit` if given (must be usable), else the best one found."""
+    if explicit:
+        eng = probe_engine(Path(explicit).expanduser(), "explicit")
+        if not eng.usable:
+            raise EngineError(f"{explicit} cannot be used: {eng.problem}",
+                              "pass a recent llama-server with --engine, or omit --engine")
+        return eng
+    return choose_engine(discover_engines())

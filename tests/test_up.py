@@ -1,0 +1,153 @@
+"""`bostudio up` end to end: the real CLI launching the real llama-server on the real Gemma model."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.netutil import free_port, port_is_free
+
+READY_TIMEOUT_S = 120
+
+
+class Up:
+    """A `bostudio up` child process and what it printed."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "bostudio", "up", *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.lines: list[str] = []
+
+    def wait_ready(self) -> dict[str, str]:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                err = self.proc.stderr.read() if self.proc.stderr else ""
+                pytest.fail(f"bostudio up exited before ready: {''.join(self.lines)}{err}")
+            self.lines.append(line)
+            if line.startswith("Press Ctrl-C"):
+                fields = {}
+                for ln in self.lines:
+                    m = re.match(r"^\s+([\w ]+?)\s+: (.*)$", ln)
+                    if m:
+                        fields[m.group(1)] = m.group(2)
+                return fields
+        pytest.fail("bostudio up was not ready in time")
+
+    def servers(self) -> list[psutil.Process]:
+        return [p for p in psutil.Process(self.proc.pid).children(recursive=True)
+                if "llama-server" in p.name()]
+
+    def stop(self, sig: int) -> tuple[int, str]:
+        self.proc.send_signal(sig)
+        try:
+            _, err = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        return self.proc.returncode, err
+
+
+@pytest.fixture
+def env(tmp_state: Path) -> dict[str, str]:
+    return dict(os.environ)
+
+
+def _gone(procs: list[psutil.Process], timeout: float = 5.0) -> bool:
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    return not alive
+
+
+def test_up_default_serves_openai_api_with_speculation_and_stops_on_sigint(
+        engine, gemma_gguf, env) -> None:
+    port = free_port()
+    up = Up(["--port", str(port)], env)
+    try:
+        fields = up.wait_ready()
+        base = fields["OpenAI base URL"]
+        assert base == f"http://127.0.0.1:{port}/v1"
+        model = fields["model"]
+        assert model == "gemma-3-270m-q4_k_m"
+        # auto on a CPU picks n-gram speculation, and the probe proved it active.
+        assert fields["speculation"].startswith("ngram-mod - active")
+        servers = up.servers()
+        assert len(servers) == 1
+
+        with httpx.Client(base_url=base, timeout=60, trust_env=False) as http:
+            r = http.post("/completions", json={"model": model, "prompt": "The capital of France is",
+                                                "max_tokens": 8, "temperature": 0})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["object"] == "text_completion"
+            assert body["choices"][0]["text"].strip()
+
+            r = http.post("/chat/completions", json={
+                "model": model, "max_tokens": 8, "temperature": 0,
+                "messages": [{"role": "user", "content": "Say hello."}]})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["object"] == "chat.completion"
+            assert body["choices"][0]["message"]["role"] == "assistant"
+            assert body["usage"]["completion_tokens"] > 0
+
+            # Speculation on: a repetitive continuation drafts and reports the draft counters.
+            text = "for i in range(10):\n    print(i)\n" * 8
+            r = http.post("/completions", json={"model": model, "prompt": text, "max_tokens": 32,
+                                                "temperature": 0})
+            timings = r.json()["timings"]
+            assert timings["draft_n"] > 0
+            assert 0 < timings["draft_n_accepted"] <= timings["draft_n"]
+    finally:
+        rc, err = up.stop(signal.SIGINT)
+    assert rc == 0, err
+    assert "Traceback" not in err
+    assert _gone(servers)
+    assert port_is_free(port)
+
+
+def test_up_spec_off_has_no_draft_counters_and_stops_on_sigterm(engine, gemma_gguf, env) -> None:
+    port = free_port()
+    up = Up([str(gemma_gguf), "--spec", "off", "--port", str(port), "--ctx", "2048"], env)
+    try:
+        fields = up.wait_ready()
+        assert fields["speculation"] == "off - off"
+        servers = up.servers()
+        assert len(servers) == 1
+        text = "for i in range(10):\n    print(i)\n" * 8
+        r = httpx.post(fields["OpenAI base URL"] + "/completions", trust_env=False, timeout=60,
+                       json={"prompt": text, "max_tokens": 32, "temperature": 0})
+        assert r.status_code == 200
+        timings = r.json()["timings"]
+        assert timings["predicted_n"] > 0
+        assert "draft_n" not in timings and "draft_n_accepted" not in timings
+    finally:
+        rc, err = up.stop(signal.SIGTERM)
+    assert rc == 0, err
+    assert _gone(servers)
+    assert port_is_free(port)
+
+
+def test_up_by_name_from_models_dir(engine, gemma_gguf, env) -> None:
+    """A name in models/ resolves to the file; the speculation mode can be asked for explicitly."""
+    port = free_port()
+    up = Up(["gemma-3-270m-q4_k_m", "--spec", "ngram", "--port", str(port)], env)
+    try:
+        fields = up.wait_ready()
+        assert fields["model"] == "gemma-3-270m-q4_k_m"
+        assert fields["speculation"].startswith("ngram-mod - active")
+        servers = up.servers()
+    finally:
+        rc, _ = up.stop(signal.SIGINT)
+    assert rc == 0
+    assert _gone(servers)
