@@ -12,7 +12,7 @@ from bostudio.errors import PlanError
 from bostudio.hardware.device import Device
 from bostudio.planner.memory import (GIB, MIB, ContextSettings, compute_buffer_bytes, cpu_repack_bytes,
                                      host_weight_bytes, kv_cache_bytes, max_gpu_layers,
-                                     output_buffer_bytes, platform_overhead, recurrent_state_bytes,
+                                     output_buffer_bytes, output_growth_bytes, platform_overhead, recurrent_state_bytes,
                                      weight_split)
 
 if TYPE_CHECKING:
@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 SPEC_KINDS = ("none", "ngram", "draft", "mtp")
 NGRAM_MOD_BYTES = 4194304 * 4  # ngram-mod's hash table: "mod size=4194304 (16.000 MB)", host RAM
 DEFAULT_MIN_CTX = 32768
+# The one component llama.cpp allocates after load (so its load log never shows it).
+RUNTIME_OUTPUT = "output buffer growth when drafting"
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,9 @@ class Plan:
         """llama-server flags for the chosen option (the caller adds -m, --port, ...).
         `--fit off`: this plan is the fit, llama.cpp must not shrink it again."""
         o, i = self.chosen, self.intent
-        args = ["-c", str(o.n_ctx), "-ngl", str(o.n_gpu_layers), "-np", str(i.n_parallel),
+        # -np given explicitly turns the unified KV pool off unless -kvu says otherwise; the plan
+        # (like llama-server's own `-np` auto) assumes one unified pool.
+        args = ["-c", str(o.n_ctx), "-ngl", str(o.n_gpu_layers), "-np", str(i.n_parallel), "-kvu",
                 "-ctk", i.cache_type_k, "-ctv", i.cache_type_v, "-fit", "off"]
         if i.cache_type_v != "f16" or not i.flash_attn:
             args += ["-fa", "on" if i.flash_attn else "off"]
@@ -216,6 +220,7 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
     else:
         uses.append(Use(host, "compute buffer", compute))
     uses.append(Use(host, "output buffer", output_buffer_bytes(model, s)))
+    uses.append(Use(host, RUNTIME_OUTPUT, output_growth_bytes(model, s)))
     for g in gpus if n_gpu_layers else []:
         uses.append(Use(g.label, "platform overhead", platform_overhead(g.backend)))
 

@@ -215,8 +215,15 @@ def recurrent_state_bytes(m: "ModelInfo", s: ContextSettings) -> int:
 # ---------------------------------------------------------------- output and compute buffers
 
 def output_buffer_bytes(m: "ModelInfo", s: ContextSettings) -> int:
-    """Host buffer for logits: n_vocab x n_outputs_max floats (src/llama-context.cpp output_reserve)."""
-    return m.n_vocab * s.outputs_max * 4
+    """Host buffer for logits as reserved at load: n_vocab floats per sequence
+    (src/llama-context.cpp output_reserve(n_seq_max))."""
+    return m.n_vocab * max(1, s.n_parallel) * 4
+
+
+def output_growth_bytes(m: "ModelInfo", s: ContextSettings) -> int:
+    """What the logits buffer grows by at the first drafted batch: output_reserve() reallocates it
+    for n_outputs_max rows (n_parallel x (1 + draft length) when speculating). Not in the load log."""
+    return m.n_vocab * max(0, s.outputs_max - max(1, s.n_parallel)) * 4
 
 
 def _ffn_floats(m: "ModelInfo", il: int) -> int:
@@ -294,8 +301,9 @@ def compute_buffer_bytes(m: "ModelInfo", s: ContextSettings, layers: list[int] |
             layer = n_t * _attn_floats(m, il) * 4 + kq
         stage = max(layer, rows_ffn * _ffn_floats(m, il) * 4)
         peak = max(peak, stage + (masks if k <= last_attn else 0))
+    # The output projection runs after the last attention op has released the masks.
     logits = n_out * (m.n_vocab + m.n_embd) * 4
-    return max(peak, logits + (masks if last_attn == len(layers) - 1 else 0))
+    return max(peak, logits)
 
 
 # ---------------------------------------------------------------- weights
