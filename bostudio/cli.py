@@ -119,7 +119,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def _resolve_model(name: str):  # type: ignore[no-untyped-def]
-    """A local GGUF path; else the catalog's resolver, once the catalog offers one."""
+    """A local GGUF path, else what the catalog resolves the name to (models/ names today;
+    REPO:QUANT once the catalog can read remote headers)."""
     from pathlib import Path
 
     from bostudio.errors import ModelError
@@ -129,11 +130,10 @@ def _resolve_model(name: str):  # type: ignore[no-untyped-def]
     if path.is_file():
         return describe(path)
     try:
-        from bostudio.catalog import resolve  # type: ignore[attr-defined]
+        from bostudio.catalog.resolve import resolve_model
     except ImportError:
-        raise ModelError(f"no such model file: {name}",
-                         "give a path to a .gguf file (catalog names and REPO:QUANT come with the catalog)") from None
-    return describe(resolve(name))
+        raise ModelError(f"no such model file: {name}", "give a path to a .gguf file") from None
+    return describe(resolve_model(name, log=lambda m: print(m, file=sys.stderr)))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -191,7 +191,6 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
     mtp = spec.kind == "mtp"
     uses: list[Use] = []
     n_all = model.n_block if mtp else model.n_layer
-    full = n_gpu_layers >= n_all + 1
 
     # target weights
     if n_gpu_layers == 0:
@@ -229,7 +228,9 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
         d = spec.draft
         ds = replace(s, cache_type_k=spec.cache_type_k, cache_type_v=spec.cache_type_v,
                      n_rs_seq=0, n_outputs_max=0)
-        dev = gpus[0].label if (gpus and full) else host
+        # A draft pays only next to its target's GPU: it is placed whole on the first GPU, and it is
+        # the target's layers that move to the host when both do not fit (-ngld all).
+        dev = gpus[0].label if gpus else host
         ngld = max_gpu_layers(d, include_nextn=False) if dev != host else 0
         uses.append(Use(dev, "draft weights", host_weight_bytes(d) if dev == host else weight_split(d, ngld).gpu))
         if dev != host:
@@ -243,7 +244,7 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
         ms = replace(s, cache_type_k=spec.cache_type_k, cache_type_v=spec.cache_type_v,
                      n_rs_seq=0, n_outputs_max=0)
         nextn = list(range(model.n_layer, model.n_block))
-        dev = gpus[0].label if (gpus and full) else host
+        dev = gpus[0].label if (gpus and n_gpu_layers) else host  # NextN layers are the last ones
         uses.append(Use(dev, "MTP KV cache", kv_cache_bytes(model, ms, layers=nextn).total))
         uses.append(Use(dev, "MTP compute buffer", compute_buffer_bytes(model, ms, layers=nextn)))
         uses.append(Use(host, "MTP output buffer", output_buffer_bytes(model, ms)))
@@ -367,8 +368,10 @@ def plan(model: "ModelInfo", devices: Iterable[Device], intent: Intent = Intent(
                else "no speculator given")
         return Plan(model, devs, intent, None, without, without, why)
     with_ = fit_option(model, devs, intent, speculator)
-    # The cost of the speculator, in bytes at the same context and offload, and in context tokens.
-    ref_ctx, ref_ngl = without.n_ctx, without.n_gpu_layers
+    # The cost of the speculator: the bytes it adds at the context and offload it runs with
+    # (else at the plan without it), and the context tokens those bytes would buy instead.
+    ref = with_ if with_.fits else without
+    ref_ctx, ref_ngl = ref.n_ctx, ref.n_gpu_layers
     base = sum(u.bytes for u in memory_uses(model, devs, intent, NO_SPEC, ref_ctx, ref_ngl)[0])
     spec_total = sum(u.bytes for u in memory_uses(model, devs, intent, speculator, ref_ctx, ref_ngl)[0])
     cost = max(0, spec_total - base)
