@@ -141,9 +141,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from bostudio.errors import ConfigError
     from bostudio.hardware import load_devices_file
-    from bostudio.planner import Intent, Speculator, plan
+    from bostudio.planner import MTP_SPEC, NGRAM_SPEC, NO_SPEC, Intent, plan
     from bostudio.planner.memory import GIB, cache_type
     from bostudio.planner.render import plan_json, render_plan
+    from bostudio.speculation import DRAFT_N_MAX, Speculator, parse_spec
 
     model = _resolve_model(args.model)
     cache_type(args.cache_type)
@@ -160,23 +161,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise ConfigError(f"no device named {sorted(missing)[0]!r}",
                               f"devices: {', '.join(d.label for d in devices)}")
         devices = picked
-    spec_mode = args.spec_mode
-    spec = args.spec
-    if spec == "off":
-        speculator, spec_mode = Speculator("none"), "off"
-    elif spec == "auto":
-        speculator = Speculator("mtp", n_max=3) if model.n_nextn and model.has_mtp else Speculator("ngram")
-    elif spec in ("ngram", "mtp"):
-        speculator = Speculator(spec, n_max=3 if spec == "mtp" else 16)
-    elif spec.startswith("draft:"):
-        speculator = Speculator("draft", draft=_resolve_model(spec[len("draft:"):]),
-                                cache_type_k=args.draft_cache_type, cache_type_v=args.draft_cache_type)
-    else:
-        raise ConfigError(f"--spec {spec!r} is not one of auto, off, ngram, mtp, draft:PATH")
+    req = parse_spec(args.spec)
+    draft = None
+    if req.mode == "off":
+        speculator = NO_SPEC
+    elif req.mode == "draft":
+        assert req.draft is not None
+        draft = _resolve_model(str(req.draft))
+        speculator = Speculator("draft", ("draft-simple",), draft=draft.path, n_max=DRAFT_N_MAX)
+    elif req.mode == "ngram" or (req.mode == "auto" and not model.n_nextn):
+        speculator = NGRAM_SPEC
+    else:  # mtp, or auto on a model with its own MTP head
+        speculator = MTP_SPEC
+    spec_mode = "off" if req.mode == "off" else args.spec_mode
     intent = Intent(ctx=args.ctx, min_ctx=args.min_ctx, speculation=spec_mode,
                     cache_type_k=args.cache_type, cache_type_v=args.cache_type,
+                    draft_cache_type_k=args.draft_cache_type, draft_cache_type_v=args.draft_cache_type,
                     n_parallel=args.parallel, reserve=int(args.reserve_gib * GIB))
-    p = plan(model, devices, intent, speculator)
+    p = plan(model, devices, intent, speculator, draft)
     if args.json:
         _print_json(plan_json(p))
     else:

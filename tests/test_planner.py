@@ -17,9 +17,10 @@ from bostudio.cli import main
 from bostudio.errors import ConfigError, PlanError
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware.device import GIB, MIB, Device
-from bostudio.planner import (CACHE_TYPES, ContextSettings, Intent, Speculator, kv_cache_bytes, largest_ctx,
-                              memory_uses, plan, plan_for_launch, recurrent_state_bytes)
+from bostudio.planner import (CACHE_TYPES, MTP_SPEC, NO_SPEC, ContextSettings, Intent, kv_cache_bytes,
+                              largest_ctx, memory_uses, plan, plan_for_launch, recurrent_state_bytes)
 from bostudio.planner.memory import cache_type, context_shape, weight_split
+from bostudio.speculation import NGRAM, Speculator
 from tests.gguf_factory import tiny_llama
 
 
@@ -128,10 +129,17 @@ def build(base: ModelInfo, p: dict) -> ModelInfo:
     return shape(base, swa=swa, n_nextn=1, **p)
 
 
-def speculator(kind: str, base: ModelInfo, draft_cache: str = "f16") -> Speculator:
-    draft = shape(base, n_layer=2, layer_bytes=20 * MIB, path="draft.gguf") if kind == "draft" else None
-    return Speculator(kind, draft=draft, n_max=3 if kind == "mtp" else 8,
-                      cache_type_k=draft_cache, cache_type_v=draft_cache)
+def draft_spec(info: ModelInfo, n_max: int = 8) -> Speculator:
+    return Speculator("draft", ("draft-simple",), draft=info.path, n_max=n_max)
+
+
+def speculator(kind: str, base: ModelInfo) -> tuple[Speculator, ModelInfo | None]:
+    """A speculator of this kind, and the draft's header for a draft."""
+    if kind == "draft":
+        info = shape(base, n_layer=2, layer_bytes=20 * MIB, path="draft.gguf")
+        return draft_spec(info), info
+    types = {"none": (), "ngram": NGRAM, "mtp": ("draft-mtp",)}[kind]
+    return Speculator(kind, types, n_max=3 if kind == "mtp" else None), None
 
 
 @SETTINGS
@@ -143,10 +151,10 @@ def test_memory_never_decreases_as_context_grows(base: ModelInfo, p: dict, cache
     lo, hi = sorted((c1 * 256, c2 * 256))
     devs = (Device("nvidia", "cuda", "gpu", 0, 24 * GIB), Device("cpu", "cpu", "host", 0, 64 * GIB))
     intent = Intent(cache_type_k=cache, cache_type_v=cache, n_parallel=np_, flash_attn=fa or cache != "f16")
-    spec = speculator(kind, base)
+    spec, draft = speculator(kind, base)
     for ngl in (0, m.n_layer // 2, m.n_block + 1):
-        small, _ = memory_uses(m, devs, intent, spec, lo, ngl)
-        large, _ = memory_uses(m, devs, intent, spec, hi, ngl)
+        small, _ = memory_uses(m, devs, intent, spec, lo, ngl, draft)
+        large, _ = memory_uses(m, devs, intent, spec, hi, ngl, draft)
         for key in {(u.device, u.component) for u in small + large}:
             a = sum(u.bytes for u in small if (u.device, u.component) == key)
             b = sum(u.bytes for u in large if (u.device, u.component) == key)
@@ -165,12 +173,12 @@ def test_a_plan_never_exceeds_budget_minus_reserve(base: ModelInfo, p: dict, gpu
     devs = tuple(Device("nvidia", "cuda", f"gpu{i}", i, g * GIB) for i, g in enumerate(gpu_gib)) + (
         Device("cpu", "cpu", "host", 0, host_gib * GIB),)
     intent = Intent(ctx=ctx, reserve=reserve_mib * MIB, cache_type_k=cache, cache_type_v=cache)
-    pl = plan(m, devs, intent, speculator(kind, base))
+    pl = plan(m, devs, intent, *speculator(kind, base))
     for option in (pl.chosen, pl.without_spec, pl.with_spec):
         if option is None or not option.fits:
             continue
         for d in devs:
-            assert option.device_bytes(d.label) <= d.usable_bytes - reserve_mib * MIB
+            assert option.device_bytes(d.label) <= max(0, d.usable_bytes - reserve_mib * MIB)
         if ctx is not None:
             assert option.n_ctx == ctx
 
@@ -183,11 +191,12 @@ def test_dropping_the_draft_never_lowers_the_largest_context(base: ModelInfo, p:
     m = build(base, p)
     devs = tuple(Device("nvidia", "cuda", f"gpu{i}", i, g * GIB) for i, g in enumerate(gpu_gib)) + (
         Device("cpu", "cpu", "host", 0, host_gib * GIB),)
-    intent = Intent(cache_type_k=cache, cache_type_v=cache)
-    draft = speculator("draft", base, draft_cache)
+    intent = Intent(cache_type_k=cache, cache_type_v=cache, draft_cache_type_k=draft_cache,
+                    draft_cache_type_v=draft_cache)
+    spec, draft = speculator("draft", base)
     for ngl in (0, m.n_layer // 2, m.n_layer + 1):
-        assert largest_ctx(m, list(devs), intent, Speculator("none"), ngl) >= largest_ctx(m, list(devs), intent, draft, ngl)
-    pl = plan(m, devs, intent, draft)
+        assert largest_ctx(m, list(devs), intent, NO_SPEC, ngl) >= largest_ctx(m, list(devs), intent, spec, ngl, draft)
+    pl = plan(m, devs, intent, spec, draft)
     assert pl.with_spec is not None
     if pl.with_spec.fits:
         assert pl.without_spec.fits
@@ -202,29 +211,30 @@ GPU24 = (Device("nvidia", "cuda", "RTX 4090", 0, 24 * GIB, engine_name="CUDA0"),
 
 def test_auto_keeps_a_draft_that_leaves_the_minimum_context(base: ModelInfo) -> None:
     target = shape(base, n_layer=32, layer_bytes=140 * MIB)  # an 8B at ~4.5 bits: ~5 GiB
-    draft = Speculator("draft", draft=shape(base, n_layer=16, n_embd=2048, layer_bytes=25 * MIB, path="d.gguf"))
-    p = plan(target, GPU24, Intent(), draft)
+    info = shape(base, n_layer=16, n_embd=2048, layer_bytes=25 * MIB, path="d.gguf")
+    p = plan(target, GPU24, Intent(), draft_spec(info), info)
     assert p.chosen is p.with_spec and p.chosen.n_ctx >= 32768
     assert p.chosen.n_gpu_layers == 33 and p.chosen.n_gpu_layers_draft == 17
     assert "keeps the draft" in p.why
     # the cost is what the draft adds at the context it runs with (16 layers x 8 KV heads x 128 x f16)
-    spec_total = sum(u.bytes for u in memory_uses(target, GPU24, Intent(), draft.draft and draft, p.chosen.n_ctx, 33)[0])
-    base_total = sum(u.bytes for u in memory_uses(target, GPU24, Intent(), Speculator("none"), p.chosen.n_ctx, 33)[0])
+    spec_total = sum(u.bytes for u in memory_uses(target, GPU24, Intent(), draft_spec(info), p.chosen.n_ctx, 33, info)[0])
+    base_total = sum(u.bytes for u in memory_uses(target, GPU24, Intent(), NO_SPEC, p.chosen.n_ctx, 33)[0])
     assert p.spec_cost_bytes == spec_total - base_total
     assert p.spec_cost_bytes > 16 * 8 * 128 * 2 * 2 * p.chosen.n_ctx  # at least the draft's KV cache
     assert p.spec_cost_tokens > 0 and p.without_spec.n_ctx > p.with_spec.n_ctx
     assert p.cost_line.startswith("the draft d.gguf costs ") and "tokens of context" in p.cost_line
+    assert p.chosen.speculator == draft_spec(info)  # what to launch
     args = p.llama_args()
     assert args[args.index("-c") + 1] == str(p.chosen.n_ctx)
-    for flag in ("-ngl", "-ngld", "-ctk", "-ctv", "-ctkd", "-ctvd", "-md", "--spec-type"):
+    assert args[args.index("-ngld") + 1] == "17"
+    for flag in ("-ngl", "-ctk", "-ctv", "-ctkd", "-ctvd", "-kvu", "-np"):
         assert flag in args
-    assert args[args.index("--spec-type") + 1] == "draft-simple"
 
 
 def test_auto_falls_back_when_the_draft_eats_the_context(base: ModelInfo) -> None:
     target = shape(base, n_layer=48, layer_bytes=380 * MIB)  # ~18 GiB of weights on a 24 GiB card
-    draft = Speculator("draft", draft=shape(base, n_layer=24, layer_bytes=60 * MIB, path="d.gguf"))
-    p = plan(target, GPU24, Intent(), draft)
+    info = shape(base, n_layer=24, layer_bytes=60 * MIB, path="d.gguf")
+    p = plan(target, GPU24, Intent(), draft_spec(info), info)
     assert p.with_spec is not None and p.chosen is not p.with_spec
     assert p.chosen.speculator.kind == "ngram"
     assert "drops the draft d.gguf" in p.why and "GiB" in p.why and "tokens of context" in p.why
@@ -233,19 +243,20 @@ def test_auto_falls_back_when_the_draft_eats_the_context(base: ModelInfo) -> Non
     mtp_model = replace(target, n_block=49, n_nextn=1, has_mtp=True, layer_bytes=(380 * MIB,) * 49,
                         n_head=(32,) * 49, n_head_kv=(8,) * 49, n_ff=(14336,) * 49,
                         swa_layers=(False,) * 49, recurrent_layers=(False,) * 49)
-    assert plan(mtp_model, GPU24, Intent(), draft).chosen.speculator.kind == "mtp"
+    assert plan(mtp_model, GPU24, Intent(), draft_spec(info), info).chosen.speculator == MTP_SPEC
 
 
 def test_spec_on_that_does_not_fit_is_a_plan_error(base: ModelInfo) -> None:
     target = shape(base, n_layer=48, layer_bytes=380 * MIB)
-    draft = Speculator("draft", draft=shape(base, n_layer=24, layer_bytes=200 * MIB, path="d.gguf"))
+    info = shape(base, n_layer=24, layer_bytes=200 * MIB, path="d.gguf")
     with pytest.raises(PlanError, match="does not fit"):
-        plan(target, (Device("cpu", "cpu", "host", 0, 24 * GIB),), Intent(ctx=131072, speculation="on"), draft)
+        plan(target, (Device("cpu", "cpu", "host", 0, 24 * GIB),), Intent(ctx=131072, speculation="on"),
+             draft_spec(info), info)
 
 
 def test_plan_for_launch_gives_the_launch_flags(base: ModelInfo) -> None:
     m = shape(base, n_layer=8, layer_bytes=10 * MIB)
-    p = plan_for_launch(m, GPU24, ctx=8192, cache_type="q8_0", speculator=Speculator("mtp", n_max=3))
+    p = plan_for_launch(m, GPU24, ctx=8192, cache_type="q8_0", speculator=MTP_SPEC)
     args = p.llama_args()
     assert args[:4] == ["-c", "8192", "-ngl", "9"]
     assert ["-ctk", "q8_0", "-ctv", "q8_0"] == args[args.index("-ctk"):args.index("-ctk") + 4]
@@ -284,7 +295,8 @@ def test_cli_plan_on_a_24gib_gpu_from_a_devices_file(gemma_gguf: Path, tmp_path:
     out = json.loads(capsys.readouterr().out)
     assert out["with_speculation"]["fits"] and out["without_speculation"]["n_ctx"] == 32768
     assert out["chosen"] == "draft" and out["spec_cost_bytes"] > 0
-    assert "-ctk" in out["llama_args"] and "q8_0" in out["llama_args"]
+    assert out["with_speculation"]["spec_types"] == ["draft-simple"]
+    assert "-ctk" in out["llama_args"] and "q8_0" in out["llama_args"] and "-ngld" in out["llama_args"]
 
 
 def test_cli_plan_errors_are_for_users(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

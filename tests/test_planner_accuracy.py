@@ -19,10 +19,11 @@ import pytest
 
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware.device import GIB, Device
-from bostudio.planner import Intent, Plan, Speculator, plan
+from bostudio.planner import MTP_SPEC, NO_SPEC, Intent, Plan, plan
 from bostudio.planner.fit import RUNTIME_OUTPUT
 from bostudio.planner.memory import MIB, ContextSettings, context_shape, kv_cache_bytes, recurrent_state_bytes
 from bostudio.planner.reported import ReportedMemory, parse_reported_memory
+from bostudio.speculation import Speculator
 from tests.synth_models import with_fewer_layers, with_nextn_layer, write_arch_models
 
 pytestmark = pytest.mark.engine
@@ -98,15 +99,22 @@ CASES = [
 ]
 
 
-def case_plan(case: Case, models: dict[str, ModelInfo]) -> Plan:
+def case_plan(case: Case, models: dict[str, ModelInfo]) -> tuple[Plan, list[str]]:
+    """The plan for a case, and the llama-server args for it: the plan's memory flags plus the
+    speculator's own flags, as the launcher adds them."""
     m = models[case.model]
-    spec = {"none": Speculator("none"),
-            "mtp": Speculator("mtp", n_max=3, cache_type_k=case.draft_cache, cache_type_v=case.draft_cache),
-            "draft": Speculator("draft", draft=models["llama-draft"] if case.model == "llama" else m, n_max=8,
-                                cache_type_k=case.draft_cache, cache_type_v=case.draft_cache)}[case.spec]
+    draft = (models["llama-draft"] if case.model == "llama" else m) if case.spec == "draft" else None
+    spec = {"none": NO_SPEC, "mtp": MTP_SPEC,
+            "draft": Speculator("draft", ("draft-simple",), draft=draft.path if draft else None, n_max=8)}[case.spec]
     intent = Intent(ctx=case.ctx, speculation="on" if case.spec != "none" else "off",
-                    cache_type_k=case.cache, cache_type_v=case.cache, n_parallel=case.n_parallel)
-    return plan(m, HOST, intent, spec)
+                    cache_type_k=case.cache, cache_type_v=case.cache, n_parallel=case.n_parallel,
+                    draft_cache_type_k=case.draft_cache, draft_cache_type_v=case.draft_cache)
+    p = plan(m, HOST, intent, spec, draft)
+    spec_args = []
+    if spec.kind != "none":
+        spec_args = ["--spec-type", ",".join(spec.spec_types), "--spec-draft-n-max", str(spec.n_max)]
+        spec_args += ["-md", str(spec.draft)] if spec.draft else []
+    return p, p.llama_args() + spec_args
 
 
 def predicted(p: Plan) -> dict[str, int]:
@@ -130,9 +138,9 @@ def reported(rep: ReportedMemory) -> dict[str, int]:
 
 
 def measure(case: Case, models: dict[str, ModelInfo], server: Path) -> tuple[dict[str, int], dict[str, int], str]:
-    p = case_plan(case, models)
+    p, args = case_plan(case, models)
     assert p.chosen.fits, p.chosen.reason
-    log = run_server(server, models[case.model].path, p.llama_args())
+    log = run_server(server, models[case.model].path, args)
     rep = parse_reported_memory(log)
     assert rep.contexts, f"llama-server did not create a context:\n{log[-3000:]}"
     return predicted(p), reported(rep), log

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Iterable
 from bostudio.errors import PlanError
 from bostudio.hardware.device import Device
 from bostudio.planner.memory import (GIB, MIB, ContextSettings, compute_buffer_bytes, cpu_repack_bytes,
-                                     host_weight_bytes, kv_cache_bytes, max_gpu_layers,
-                                     output_buffer_bytes, output_growth_bytes, platform_overhead, recurrent_state_bytes,
-                                     weight_split)
+                                     host_weight_bytes, kv_cache_bytes, max_gpu_layers, output_buffer_bytes,
+                                     output_growth_bytes, platform_overhead, recurrent_state_bytes, weight_split)
+from bostudio.speculation import NGRAM, Speculator
 
 if TYPE_CHECKING:
     from bostudio.gguf.describe import ModelInfo
@@ -23,33 +23,42 @@ NGRAM_MOD_BYTES = 4194304 * 4  # ngram-mod's hash table: "mod size=4194304 (16.0
 DEFAULT_MIN_CTX = 32768
 # The one component llama.cpp allocates after load (so its load log never shows it).
 RUNTIME_OUTPUT = "output buffer growth when drafting"
+DRAFT_N_MAX_DEFAULT = 3  # llama.cpp's --spec-draft-n-max default (common/common.h)
+
+
+def spec_label(spec: Speculator) -> str:
+    """How a speculator is named in reasons and tables."""
+    if spec.kind == "draft" and spec.draft is not None:
+        return f"draft {spec.draft.name}"
+    return {"none": "no speculation", "ngram": "n-gram speculation", "mtp": "MTP head"}.get(spec.kind, spec.kind)
 
 
 @dataclass(frozen=True)
-class Speculator:
-    """What the planner needs to know about a speculator: its kind, the draft model for `draft`,
-    the draft length and the draft context's own cache types (-ctkd/-ctvd default f16)."""
+class _Spec:
+    """What the memory model needs about a speculator: its kind, the draft's header, the draft
+    length (rows of outputs and of recurrent state) and the draft context's cache types."""
 
-    kind: str = "none"
-    draft: "ModelInfo | None" = None
-    n_max: int = 16
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
+    kind: str
+    draft: "ModelInfo | None"
+    n_max: int
+    cache_type_k: str
+    cache_type_v: str
 
-    def __post_init__(self) -> None:
-        if self.kind not in SPEC_KINDS:
-            raise PlanError(f"unknown speculator {self.kind!r}", f"one of {', '.join(SPEC_KINDS)}")
-        if self.kind == "draft" and self.draft is None:
-            raise PlanError("a draft speculator needs a draft model")
 
-    @property
-    def label(self) -> str:
-        if self.kind == "draft" and self.draft is not None:
-            return f"draft {self.draft.path.name}"
-        return {"none": "no speculation", "ngram": "n-gram (ngram-mod)", "mtp": "MTP head"}.get(self.kind, self.kind)
+def _spec(spec: Speculator, draft: "ModelInfo | None", intent: "Intent") -> _Spec:
+    if spec.kind not in SPEC_KINDS:
+        raise PlanError(f"unknown speculator {spec.kind!r}", f"one of {', '.join(SPEC_KINDS)}")
+    if spec.kind == "draft" and draft is None:
+        raise PlanError("a draft speculator needs the draft model's header to be planned",
+                        "pass draft=describe(draft_path)")
+    return _Spec(spec.kind, draft if spec.kind == "draft" else None,
+                 spec.n_max if spec.n_max is not None else DRAFT_N_MAX_DEFAULT,
+                 intent.draft_cache_type_k, intent.draft_cache_type_v)
 
 
 NO_SPEC = Speculator("none")
+NGRAM_SPEC = Speculator("ngram", NGRAM)
+MTP_SPEC = Speculator("mtp", ("draft-mtp",), n_max=3)
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,8 @@ class Intent:
     speculation: str = "auto"
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
+    draft_cache_type_k: str = "f16"  # -ctkd/-ctvd: the draft/MTP context's own (llama.cpp default f16)
+    draft_cache_type_v: str = "f16"
     n_parallel: int = 4
     n_ubatch: int = 512
     n_batch: int = 2048
@@ -88,7 +99,7 @@ class Use:
 class PlanOption:
     """One candidate: a speculator with the context and offload found for it."""
 
-    speculator: Speculator
+    speculator: Speculator  # what llama-server is asked to run (bostudio.speculation)
     fits: bool
     n_ctx: int
     n_gpu_layers: int
@@ -110,7 +121,10 @@ class PlanOption:
 
 @dataclass(frozen=True)
 class Plan:
-    """The planner's answer: both options, the choice and why, and what the draft costs."""
+    """The planner's answer: both options, the choice and why, and what the speculator costs.
+
+    `chosen.speculator` is what to launch (in auto mode it may be the fallback, not the one asked
+    for); `llama_args()` are the memory flags that go with it."""
 
     model: "ModelInfo"
     devices: tuple[Device, ...]
@@ -127,36 +141,32 @@ class Plan:
     def cost_line(self) -> str:
         if self.with_spec is None:
             return ""
-        return (f"the {self.with_spec.speculator.label} costs {self.spec_cost_bytes / GIB:.2f} GiB "
+        return (f"the {spec_label(self.with_spec.speculator)} costs {self.spec_cost_bytes / GIB:.2f} GiB "
                 f"= {self.spec_cost_tokens} tokens of context")
 
     def llama_args(self) -> list[str]:
-        """llama-server flags for the chosen option (the caller adds -m, --port, ...).
-        `--fit off`: this plan is the fit, llama.cpp must not shrink it again."""
+        """The memory flags of the chosen option for llama-server: context, offload, slots, cache
+        types (the draft's too). The speculator's own flags (--spec-type, -md, --spec-draft-n-max)
+        come from `chosen.speculator` through bostudio.engine.argv. `-fit off`: this plan is the
+        fit, llama.cpp must not shrink it again. `-np N -kvu`: an explicit -np alone would turn the
+        unified KV pool the plan assumes (llama-server's -np auto) off."""
         o, i = self.chosen, self.intent
-        # -np given explicitly turns the unified KV pool off unless -kvu says otherwise; the plan
-        # (like llama-server's own `-np` auto) assumes one unified pool.
         args = ["-c", str(o.n_ctx), "-ngl", str(o.n_gpu_layers), "-np", str(i.n_parallel), "-kvu",
                 "-ctk", i.cache_type_k, "-ctv", i.cache_type_v, "-fit", "off"]
-        if i.cache_type_v != "f16" or not i.flash_attn:
-            args += ["-fa", "on" if i.flash_attn else "off"]
-        spec = o.speculator
-        if spec.kind == "draft" and spec.draft is not None:
-            args += ["-md", str(spec.draft.path), "--spec-type", "draft-simple",
-                     "--spec-draft-n-max", str(spec.n_max), "-ngld", str(o.n_gpu_layers_draft),
-                     "-ctkd", spec.cache_type_k, "-ctvd", spec.cache_type_v]
-        elif spec.kind == "mtp":
-            args += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(spec.n_max),
-                     "-ctkd", spec.cache_type_k, "-ctvd", spec.cache_type_v]
-        elif spec.kind == "ngram":
-            args += ["--spec-type", "ngram-mod"]
+        if i.cache_type_v not in ("f16", "bf16", "f32") or not i.flash_attn:
+            args += ["-fa", "on" if i.flash_attn else "off"]  # a quantized V cache needs flash attention
+        if o.speculator.kind == "draft":
+            args += ["-ngld", str(o.n_gpu_layers_draft)]
+        if o.speculator.kind in ("draft", "mtp"):
+            args += ["-ctkd", i.draft_cache_type_k, "-ctvd", i.draft_cache_type_v]
         return args
 
 
 # ---------------------------------------------------------------- memory of one configuration
 
-def _settings(model: "ModelInfo", intent: Intent, spec: Speculator, n_ctx: int) -> ContextSettings:
+def _settings(intent: Intent, spec: _Spec, n_ctx: int) -> ContextSettings:
     drafting = spec.kind in ("draft", "mtp")
+    # the server sizes outputs for a draft per slot (server-context.cpp:41-53)
     n_outputs = min(intent.n_batch, intent.n_parallel * (1 + spec.n_max)) if drafting else 0
     return ContextSettings(
         n_ctx=n_ctx, n_parallel=intent.n_parallel, kv_unified=True, n_batch=intent.n_batch,
@@ -179,15 +189,16 @@ def _spread(total: int, gpus: list[Device], component: str) -> list[Use]:
     return out
 
 
-def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, spec: Speculator,
-                n_ctx: int, n_gpu_layers: int) -> tuple[list[Use], int]:
+def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, speculator: Speculator,
+                n_ctx: int, n_gpu_layers: int, draft: "ModelInfo | None" = None) -> tuple[list[Use], int]:
     """Every component's bytes on every device for one configuration; also the draft's -ngld."""
+    spec = _spec(speculator, draft, intent)
     devs = list(devices)
     gpus = [d for d in devs if d.is_gpu]
     host = next((d.label for d in devs if not d.is_gpu), "CPU")
     if not gpus:
         n_gpu_layers = 0
-    s = _settings(model, intent, spec, n_ctx)
+    s = _settings(intent, spec, n_ctx)
     mtp = spec.kind == "mtp"
     uses: list[Use] = []
     n_all = model.n_block if mtp else model.n_layer
@@ -202,7 +213,7 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
         uses.append(Use(host, "weights", ws.cpu))
         share = ws.gpu_layers / max(1, n_all)
         uses.append(Use(host, "weights (CPU repack)", cpu_repack_bytes(model, 1 - share)))
-    # target KV / recurrent: on the device of their layer
+    # target KV / recurrent state: on the device of their layer
     start = n_all + 1 - n_gpu_layers
     kv = kv_cache_bytes(model, s)
     rs = recurrent_state_bytes(model, s)
@@ -212,7 +223,7 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
         uses += _spread(on_gpu, gpus, comp)
         uses.append(Use(host, comp, total - on_gpu))
     compute = compute_buffer_bytes(model, s)
-    host_compute = min(s.n_ubatch, s.n_ctx) * model.n_embd * 4 * 2
+    host_compute = min(s.n_ubatch, s.n_ctx) * model.n_embd * 4 * 2  # input embeddings staged on the host
     if n_gpu_layers and gpus:
         uses.append(Use(gpus[0].label, "compute buffer", compute))
         uses.append(Use(host, "compute buffer", host_compute))
@@ -231,16 +242,19 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
         # A draft pays only next to its target's GPU: it is placed whole on the first GPU, and it is
         # the target's layers that move to the host when both do not fit (-ngld all).
         dev = gpus[0].label if gpus else host
-        ngld = max_gpu_layers(d, include_nextn=False) if dev != host else 0
-        uses.append(Use(dev, "draft weights", host_weight_bytes(d) if dev == host else weight_split(d, ngld).gpu))
-        if dev != host:
-            uses.append(Use(host, "draft weights", weight_split(d, ngld).cpu))
-        else:
+        if dev == host:
+            uses.append(Use(host, "draft weights", host_weight_bytes(d)))
             uses.append(Use(host, "draft weights (CPU repack)", cpu_repack_bytes(d)))
+        else:
+            ngld = max_gpu_layers(d, include_nextn=False)
+            split = weight_split(d, ngld)
+            uses += [Use(dev, "draft weights", split.gpu), Use(host, "draft weights", split.cpu)]
         uses.append(Use(dev, "draft KV cache", kv_cache_bytes(d, ds).total + recurrent_state_bytes(d, ds)))
         uses.append(Use(dev, "draft compute buffer", compute_buffer_bytes(d, ds)))
         uses.append(Use(host, "draft output buffer", output_buffer_bytes(d, ds)))
     elif mtp and model.n_nextn:
+        # The MTP context: a KV cache of the NextN layers only, as long as the target's, with the
+        # draft cache types; no second copy of the weights (llama-model.cpp:2661-2670).
         ms = replace(s, cache_type_k=spec.cache_type_k, cache_type_v=spec.cache_type_v,
                      n_rs_seq=0, n_outputs_max=0)
         nextn = list(range(model.n_layer, model.n_block))
@@ -289,14 +303,15 @@ def min_ctx_wanted(model: "ModelInfo", intent: Intent) -> int:
     return min(intent.min_ctx, ctx_cap(model, intent))
 
 
-def largest_ctx(model: "ModelInfo", devices: list[Device], intent: Intent, spec: Speculator,
-                n_gpu_layers: int) -> int:
+def largest_ctx(model: "ModelInfo", devices: list[Device], intent: Intent, speculator: Speculator,
+                n_gpu_layers: int, draft: "ModelInfo | None" = None) -> int:
     """The largest multiple of 256 up to the cap that fits with this offload; 0 if none does.
     Memory grows with the context, so a binary search finds it."""
     budgets = _budgets(devices, intent.reserve)
 
     def ok(c: int) -> bool:
-        return _fits(memory_uses(model, devices, intent, spec, c, n_gpu_layers)[0], devices, budgets)
+        uses = memory_uses(model, devices, intent, speculator, c, n_gpu_layers, draft)[0]
+        return _fits(uses, devices, budgets)
 
     lo, hi = 0, ctx_cap(model, intent) // CTX_STEP
     while lo < hi:
@@ -308,25 +323,25 @@ def largest_ctx(model: "ModelInfo", devices: list[Device], intent: Intent, spec:
     return lo * CTX_STEP
 
 
-def fit_option(model: "ModelInfo", devices: Iterable[Device], intent: Intent, spec: Speculator) -> PlanOption:
+def fit_option(model: "ModelInfo", devices: Iterable[Device], intent: Intent, speculator: Speculator,
+               draft: "ModelInfo | None" = None) -> PlanOption:
     """Most offload first, then the most context: keep every layer on the GPUs while the context
     still reaches the wanted minimum; otherwise move layers to the host until it does (like
     llama.cpp's --fit: shrink the context down to its minimum before moving layers)."""
     devs = list(devices)
     gpus = [d for d in devs if d.is_gpu]
     budgets = _budgets(devs, intent.reserve)
-    n_max = max_gpu_layers(model, include_nextn=spec.kind == "mtp")
+    n_max = max_gpu_layers(model, include_nextn=speculator.kind == "mtp")
     layer_options = list(range(n_max, -1, -1)) if gpus else [0]
     want = intent.ctx if intent.ctx else min_ctx_wanted(model, intent)
     best: tuple[int, int] | None = None
     for ngl in layer_options:
         if intent.ctx:
-            uses, _ = memory_uses(model, devs, intent, spec, intent.ctx, ngl)
-            if _fits(uses, devs, budgets):
+            if _fits(memory_uses(model, devs, intent, speculator, intent.ctx, ngl, draft)[0], devs, budgets):
                 best = (intent.ctx, ngl)
                 break
             continue
-        c = largest_ctx(model, devs, intent, spec, ngl)
+        c = largest_ctx(model, devs, intent, speculator, ngl, draft)
         if c >= want:
             best = (c, ngl)
             break
@@ -334,89 +349,99 @@ def fit_option(model: "ModelInfo", devices: Iterable[Device], intent: Intent, sp
             best = (c, ngl)
     if best is None:
         c = intent.ctx or CTX_STEP
-        uses, ngld = memory_uses(model, devs, intent, spec, c, 0)
+        uses, ngld = memory_uses(model, devs, intent, speculator, c, 0, draft)
         need = sum(u.bytes for u in uses)
-        return PlanOption(spec, False, c, 0, ngld, tuple(uses), tuple(budgets.items()),
+        return PlanOption(speculator, False, c, 0, ngld, tuple(uses), tuple(budgets.items()),
                           f"does not fit: needs {need / GIB:.2f} GiB at {c} tokens, all on the host")
     ctx, ngl = best
-    uses, ngld = memory_uses(model, devs, intent, spec, ctx, ngl)
+    uses, ngld = memory_uses(model, devs, intent, speculator, ctx, ngl, draft)
     reason = "" if ctx >= want else f"only {ctx} tokens fit (wanted {want})"
-    return PlanOption(spec, True, ctx, ngl, ngld, tuple(uses), tuple(budgets.items()), reason)
+    return PlanOption(speculator, True, ctx, ngl, ngld, tuple(uses), tuple(budgets.items()), reason)
 
 
 def _bytes_per_token(model: "ModelInfo", devices: list[Device], intent: Intent, option: PlanOption) -> float:
     """What one more token of context costs in this option (KV, masks, ...), measured on the model."""
     c = max(option.n_ctx, CTX_STEP)
+    step = 16 * CTX_STEP
     a = sum(u.bytes for u in memory_uses(model, devices, intent, NO_SPEC, c, option.n_gpu_layers)[0])
-    b = sum(u.bytes for u in memory_uses(model, devices, intent, NO_SPEC, c + 16 * CTX_STEP, option.n_gpu_layers)[0])
-    return max(1.0, (b - a) / (16 * CTX_STEP))
+    b = sum(u.bytes for u in memory_uses(model, devices, intent, NO_SPEC, c + step, option.n_gpu_layers)[0])
+    return max(1.0, (b - a) / step)
+
+
+def default_fallback(model: "ModelInfo") -> Speculator:
+    """What auto falls back to when a draft does not pay for its memory: the model's own MTP
+    head if it has one, else n-gram speculation; both cost almost nothing."""
+    return MTP_SPEC if model.n_nextn and model.has_mtp else NGRAM_SPEC
 
 
 def plan(model: "ModelInfo", devices: Iterable[Device], intent: Intent = Intent(),
-         speculator: Speculator = NO_SPEC, fallback: Speculator | None = None) -> Plan:
-    """Fit the model with and without the speculator and choose.
+         speculator: Speculator = NO_SPEC, draft: "ModelInfo | None" = None,
+         fallback: Speculator | None = None) -> Plan:
+    """Fit the model with and without the speculator (`draft`: the draft model's header, for a
+    draft speculator) and choose.
 
     auto keeps the speculator when the context with it still reaches the wanted minimum and the
-    offload does not drop; else it takes `fallback` (default: the model's MTP head if it has one,
-    else n-gram speculation, both almost free) and says what the draft would have cost."""
+    offload does not drop; else it takes `fallback` (default_fallback) and says what the
+    speculator would have cost."""
     devs = tuple(devices)
     if not devs:
         raise PlanError("no devices to plan for", "run `bostudio devices` or pass --devices-file")
     without = fit_option(model, devs, intent, NO_SPEC)
+    label = spec_label(speculator)
     if speculator.kind == "none" or intent.speculation == "off":
         why = ("speculation off as asked" if intent.speculation == "off" and speculator.kind != "none"
                else "no speculator given")
         return Plan(model, devs, intent, None, without, without, why)
-    with_ = fit_option(model, devs, intent, speculator)
+    with_ = fit_option(model, devs, intent, speculator, draft)
     # The cost of the speculator: the bytes it adds at the context and offload it runs with
     # (else at the plan without it), and the context tokens those bytes would buy instead.
     ref = with_ if with_.fits else without
-    ref_ctx, ref_ngl = ref.n_ctx, ref.n_gpu_layers
-    base = sum(u.bytes for u in memory_uses(model, devs, intent, NO_SPEC, ref_ctx, ref_ngl)[0])
-    spec_total = sum(u.bytes for u in memory_uses(model, devs, intent, speculator, ref_ctx, ref_ngl)[0])
+    base = sum(u.bytes for u in memory_uses(model, devs, intent, NO_SPEC, ref.n_ctx, ref.n_gpu_layers)[0])
+    spec_total = sum(u.bytes for u in memory_uses(model, devs, intent, speculator, ref.n_ctx,
+                                                  ref.n_gpu_layers, draft)[0])
     cost = max(0, spec_total - base)
-    tokens = int(cost / _bytes_per_token(model, devs, intent, without))
+    tokens = int(cost / _bytes_per_token(model, list(devs), intent, without))
     want = intent.ctx or min_ctx_wanted(model, intent)
-    notes: list[str] = []
     if intent.speculation == "on":
         if with_.fits:
-            why = f"speculation on as asked; {with_.n_ctx} tokens fit with it"
+            why = f"speculation on as asked; {with_.n_ctx} tokens fit with the {label}"
             return Plan(model, devs, intent, with_, without, with_, why, cost, tokens)
-        raise PlanError(f"{speculator.label} does not fit: {with_.reason}",
-                        "lower --ctx, use a quantized --cache-type, or --spec auto to fall back")
-    keeps = with_.fits and with_.n_ctx >= want and with_.n_gpu_layers >= without.n_gpu_layers
-    if keeps:
-        why = (f"keeps the {speculator.label}: with it {with_.n_ctx} tokens still fit "
+        raise PlanError(f"the {label} does not fit: {with_.reason}",
+                        "lower --ctx, use a quantized --cache-type, or --spec-mode auto to fall back")
+    if with_.fits and with_.n_ctx >= want and with_.n_gpu_layers >= without.n_gpu_layers:
+        why = (f"keeps the {label}: with it {with_.n_ctx} tokens still fit "
                f"(wanted {want}), without it {without.n_ctx}")
         return Plan(model, devs, intent, with_, without, with_, why, cost, tokens)
-    if fallback is None:
-        fallback = Speculator("mtp", n_max=3) if model.n_nextn and model.has_mtp else Speculator("ngram")
+    fallback = fallback or default_fallback(model)
     fb = fit_option(model, devs, intent, fallback)
-    lost = (f"only {with_.n_ctx} tokens fit with it (wanted {want})" if with_.fits and with_.n_ctx < want
-            else f"it would move layers off the GPU ({with_.n_gpu_layers} vs {without.n_gpu_layers})"
-            if with_.fits else with_.reason)
-    why = (f"drops the {speculator.label}: {lost}; the draft would cost {cost / GIB:.2f} GiB "
-           f"= {tokens} tokens of context; uses the {fallback.label} instead")
-    chosen = fb if fb.fits else without
-    if not fb.fits:
-        notes.append(f"{fallback.label} does not fit either: {fb.reason}")
-    return Plan(model, devs, intent, with_, without, chosen, why, cost, tokens, tuple(notes))
+    if with_.fits and with_.n_ctx < want:
+        lost = f"only {with_.n_ctx} tokens fit with it (wanted {want})"
+    elif with_.fits:
+        lost = f"it would move layers off the GPU (-ngl {with_.n_gpu_layers} instead of {without.n_gpu_layers})"
+    else:
+        lost = with_.reason
+    why = (f"drops the {label}: {lost}; it would cost {cost / GIB:.2f} GiB = {tokens} tokens of "
+           f"context; uses the {spec_label(fallback)} instead")
+    notes = () if fb.fits else (f"the {spec_label(fallback)} does not fit either: {fb.reason}",)
+    return Plan(model, devs, intent, with_, without, fb if fb.fits else without, why, cost, tokens, notes)
 
 
 def plan_for_launch(model: "ModelInfo", devices: Iterable[Device], *, ctx: int | None = None,
-                    speculator: Speculator = NO_SPEC, speculation: str = "auto",
-                    cache_type: str = "f16", n_parallel: int = 4, reserve: int = 1 * GIB) -> Plan:
-    """The launcher's entry point: plan one model (+ speculator) for these devices; the caller
-    appends `plan.llama_args()` to its llama-server argv. Raises PlanError when nothing fits."""
+                    speculator: Speculator = NO_SPEC, draft: "ModelInfo | None" = None,
+                    speculation: str = "auto", cache_type: str = "f16", draft_cache_type: str = "f16",
+                    n_parallel: int = 4, reserve: int = 1 * GIB) -> Plan:
+    """The launcher's entry point: plan one model (+ speculator) for these devices. Launch
+    `plan.chosen.speculator` with `plan.llama_args()` appended to the argv (LaunchSpec.extra_args,
+    ctx = plan.chosen.n_ctx). Raises PlanError when nothing fits."""
     intent = Intent(ctx=ctx, speculation=speculation, cache_type_k=cache_type, cache_type_v=cache_type,
-                    n_parallel=n_parallel, reserve=reserve,
-                    flash_attn=True)
-    p = plan(model, devices, intent, speculator)
+                    draft_cache_type_k=draft_cache_type, draft_cache_type_v=draft_cache_type,
+                    n_parallel=n_parallel, reserve=reserve)
+    p = plan(model, devices, intent, speculator, draft)
     if not p.chosen.fits:
         raise PlanError(f"{model.path.name} does not fit on these devices: {p.chosen.reason}",
                         "use a smaller quant, a smaller --ctx, or a quantized KV cache (--cache-type q8_0)")
     return p
 
 
-__all__ = ["Speculator", "Intent", "Use", "PlanOption", "Plan", "plan", "plan_for_launch", "fit_option",
-           "largest_ctx", "memory_uses", "NO_SPEC", "MIB", "GIB"]
+__all__ = ["Intent", "Use", "PlanOption", "Plan", "plan", "plan_for_launch", "fit_option", "largest_ctx",
+           "memory_uses", "spec_label", "default_fallback", "NO_SPEC", "NGRAM_SPEC", "MTP_SPEC", "MIB", "GIB"]

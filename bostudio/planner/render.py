@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bostudio.planner.fit import Plan, PlanOption
+from bostudio.planner.fit import Plan, PlanOption, spec_label
 from bostudio.planner.memory import GIB, MIB
 
 BAR = 30
@@ -22,7 +22,7 @@ def _bar(used: int, budget: int) -> str:
 
 
 def render_option(title: str, o: PlanOption) -> list[str]:
-    head = (f"{title}: {o.speculator.label} -> -c {o.n_ctx} -ngl {o.n_gpu_layers}"
+    head = (f"{title}: {spec_label(o.speculator)} -> -c {o.n_ctx} -ngl {o.n_gpu_layers}"
             + (f" -ngld {o.n_gpu_layers_draft}" if o.speculator.kind == "draft" else "")
             + ("" if o.fits else "  (DOES NOT FIT)"))
     lines = [head]
@@ -52,15 +52,16 @@ def render_plan(p: Plan) -> str:
     lines += render_option("without speculation", p.without_spec) + [""]
     if p.cost_line:
         lines.append(p.cost_line)
-    lines.append(f"choice: {p.chosen.speculator.label} at {p.chosen.n_ctx} tokens, -ngl {p.chosen.n_gpu_layers}")
+    lines.append(f"choice: {spec_label(p.chosen.speculator)} at {p.chosen.n_ctx} tokens, -ngl {p.chosen.n_gpu_layers}")
     lines.append(f"why: {p.why}")
     lines += [f"note: {n}" for n in p.notes]
-    lines.append("llama-server " + " ".join(p.llama_args()))
+    lines.append("memory flags: " + " ".join(p.llama_args()))
     return "\n".join(lines)
 
 
 def option_json(o: PlanOption) -> dict[str, Any]:
-    return {"speculator": o.speculator.kind, "label": o.speculator.label, "fits": o.fits,
+    return {"speculator": o.speculator.kind, "spec_types": list(o.speculator.spec_types),
+            "label": spec_label(o.speculator), "fits": o.fits,
             "n_ctx": o.n_ctx, "n_gpu_layers": o.n_gpu_layers, "n_gpu_layers_draft": o.n_gpu_layers_draft,
             "reason": o.reason, "budgets": dict(o.budgets),
             "devices": {d: o.device_bytes(d) for d, _ in o.budgets},
