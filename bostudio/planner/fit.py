@@ -231,8 +231,6 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
         uses.append(Use(host, "compute buffer", compute))
     uses.append(Use(host, "output buffer", output_buffer_bytes(model, s)))
     uses.append(Use(host, RUNTIME_OUTPUT, output_growth_bytes(model, s)))
-    for g in gpus if n_gpu_layers else []:
-        uses.append(Use(g.label, "platform overhead", platform_overhead(g.backend)))
 
     ngld = 0
     if spec.kind == "draft" and spec.draft is not None:
@@ -264,6 +262,8 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
         uses.append(Use(host, "MTP output buffer", output_buffer_bytes(model, ms)))
     elif spec.kind == "ngram":
         uses.append(Use(host, "n-gram table", NGRAM_MOD_BYTES))
+    used = {u.device for u in uses if u.bytes}
+    uses += [Use(g.label, "platform overhead", platform_overhead(g.backend)) for g in gpus if g.label in used]
     return [u for u in uses if u.bytes], ngld
 
 
@@ -393,12 +393,13 @@ def plan(model: "ModelInfo", devices: Iterable[Device], intent: Intent = Intent(
                else "no speculator given")
         return Plan(model, devs, intent, None, without, without, why)
     with_ = fit_option(model, devs, intent, speculator, draft)
-    # The cost of the speculator: the bytes it adds at the context and offload it runs with
-    # (else at the plan without it), and the context tokens those bytes would buy instead.
-    ref = with_ if with_.fits else without
-    base = sum(u.bytes for u in memory_uses(model, devs, intent, NO_SPEC, ref.n_ctx, ref.n_gpu_layers)[0])
-    spec_total = sum(u.bytes for u in memory_uses(model, devs, intent, speculator, ref.n_ctx,
-                                                  ref.n_gpu_layers, draft)[0])
+    # The cost of the speculator: the bytes it adds to the plan without it (at the offload of that
+    # plan, and at the context the speculator runs with when that offload holds), and the context
+    # tokens those bytes would buy instead.
+    same_offload = with_.fits and with_.n_gpu_layers == without.n_gpu_layers
+    ref_ctx, ref_ngl = (with_.n_ctx if same_offload else without.n_ctx), without.n_gpu_layers
+    base = sum(u.bytes for u in memory_uses(model, devs, intent, NO_SPEC, ref_ctx, ref_ngl)[0])
+    spec_total = sum(u.bytes for u in memory_uses(model, devs, intent, speculator, ref_ctx, ref_ngl, draft)[0])
     cost = max(0, spec_total - base)
     tokens = int(cost / _bytes_per_token(model, list(devs), intent, without))
     want = intent.ctx or min_ctx_wanted(model, intent)

@@ -36,7 +36,7 @@ def render_option(title: str, o: PlanOption) -> list[str]:
             if u.device == device:
                 parts[u.component] = parts.get(u.component, 0) + u.bytes
         for comp, n in sorted(parts.items(), key=lambda kv: -kv[1]):
-            lines.append(f"    {comp:<26} {_size(n)}")
+            lines.append(f"    {comp:<34} {_size(n)}")
     return lines
 
 
