@@ -16,15 +16,13 @@ from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 
 def write_arch_models(tool: Path, out: Path, archs: list[str]) -> dict[str, Path]:
-    """Run `test-llama-archs -a '^(a|b)$' -o out`; map arch name -> written file."""
+    """Run `test-llama-archs -a '^(a|b)$' -o out`; map file stem ("llama-dense", "qwen3moe-moe")
+    -> file. The tool writes a dense and/or a MoE variant per architecture."""
     out.mkdir(parents=True, exist_ok=True)
     pattern = "^(" + "|".join(archs) + ")$"
     subprocess.run([str(tool), "-a", pattern, "-o", str(out)], check=True, capture_output=True, timeout=120)
-    found = {}
-    for f in out.glob("*.gguf"):
-        arch = f.name.rsplit("-", 1)[0]
-        found.setdefault(arch, f)
-    missing = set(archs) - set(found)
+    found = {f.stem: f for f in out.glob("*.gguf")}
+    missing = {a for a in archs if not any(stem.rsplit("-", 1)[0] == a for stem in found)}
     if missing:
         raise RuntimeError(f"test-llama-archs wrote no model for {sorted(missing)}")
     return found

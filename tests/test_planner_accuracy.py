@@ -29,7 +29,7 @@ from tests.synth_models import with_fewer_layers, with_nextn_layer, write_arch_m
 pytestmark = pytest.mark.engine
 
 HOST = (Device(vendor="cpu", backend="cpu", name="test host", total_bytes=64 * GIB, free_bytes=64 * GIB),)
-ARCHS = ["llama", "qwen3", "qwen3moe", "gemma3", "qwen35", "granitehybrid", "deepseek2"]
+ARCHS = ["llama", "qwen3", "qwen3moe", "gemma3", "qwen35", "granitehybrid", "mamba2", "deepseek2"]
 # The log prints sizes with two decimals in MiB: a figure is exact to half of 0.01 MiB.
 PRINT_ROUNDING = 0.005 * MIB
 
@@ -38,8 +38,8 @@ PRINT_ROUNDING = 0.005 * MIB
 def models(llama_server: Path, gemma_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelInfo]:
     out = tmp_path_factory.mktemp("archs")
     files = write_arch_models(llama_server.parent / "test-llama-archs", out, ARCHS)
-    files["deepseek2-mtp"] = with_nextn_layer(files["deepseek2"], out / "deepseek2-mtp.gguf")
-    files["llama-draft"] = with_fewer_layers(files["llama"], out / "llama-draft.gguf", 1)
+    files["deepseek2-mtp"] = with_nextn_layer(files["deepseek2-moe"], out / "deepseek2-mtp.gguf")
+    files["llama-draft"] = with_fewer_layers(files["llama-dense"], out / "llama-draft.gguf", 1)
     files["gemma-real"] = gemma_gguf
     return {name: describe(path) for name, path in files.items()}
 
@@ -77,22 +77,24 @@ class Case:
 
 
 CASES = [
-    Case("llama-4k", "llama", 4096),
-    Case("llama-16k-q8", "llama", 16384, cache="q8_0"),
-    Case("qwen3-8k-q4", "qwen3", 8192, cache="q4_0", n_parallel=2),
-    Case("moe-4k", "qwen3moe", 4096),
-    Case("moe-16k-q8", "qwen3moe", 16384, cache="q8_0"),
-    Case("gemma3-swa-4k", "gemma3", 4096),
-    Case("gemma3-swa-16k-q8", "gemma3", 16384, cache="q8_0", n_parallel=2),
-    Case("qwen35-hybrid-4k", "qwen35", 4096),
-    Case("qwen35-hybrid-16k-np1", "qwen35", 16384, n_parallel=1),
-    Case("granite-hybrid-16k", "granitehybrid", 16384),
-    Case("deepseek2-mla-4k", "deepseek2", 4096),
-    Case("deepseek2-mla-8k-q8", "deepseek2", 8192, cache="q8_0"),
+    Case("llama-4k", "llama-dense", 4096),
+    Case("llama-16k-q8", "llama-dense", 16384, cache="q8_0"),
+    Case("qwen3-8k-q4", "qwen3-dense", 8192, cache="q4_0", n_parallel=2),
+    Case("moe-4k", "qwen3moe-moe", 4096),
+    Case("moe-16k-q8", "qwen3moe-moe", 16384, cache="q8_0"),
+    Case("llama-moe-8k", "llama-moe", 8192),
+    Case("gemma3-swa-4k", "gemma3-dense", 4096),
+    Case("gemma3-swa-16k-q8", "gemma3-dense", 16384, cache="q8_0", n_parallel=2),
+    Case("qwen35-hybrid-4k", "qwen35-dense", 4096),
+    Case("qwen35-hybrid-16k-np1", "qwen35-dense", 16384, n_parallel=1),
+    Case("granite-hybrid-16k", "granitehybrid-dense", 16384),
+    Case("mamba2-recurrent-4k", "mamba2-dense", 4096),
+    Case("deepseek2-mla-4k", "deepseek2-moe", 4096),
+    Case("deepseek2-mla-8k-q8", "deepseek2-moe", 8192, cache="q8_0"),
     Case("deepseek2-mtp-4k", "deepseek2-mtp", 4096, spec="mtp"),
     Case("deepseek2-mtp-8k-q8", "deepseek2-mtp", 8192, cache="q8_0", spec="mtp", draft_cache="q8_0"),
-    Case("llama-draft-4k", "llama", 4096, spec="draft", draft_cache="q8_0"),
-    Case("llama-draft-16k-q8", "llama", 16384, cache="q8_0", spec="draft"),
+    Case("llama-draft-4k", "llama-dense", 4096, spec="draft", draft_cache="q8_0"),
+    Case("llama-draft-16k-q8", "llama-dense", 16384, cache="q8_0", spec="draft"),
     Case("gemma-real-4k", "gemma-real", 4096),
     Case("gemma-real-16k-q8", "gemma-real", 16384, cache="q8_0"),
     Case("gemma-real-8k-draft", "gemma-real", 8192, spec="draft", draft_cache="q8_0"),
@@ -103,7 +105,7 @@ def case_plan(case: Case, models: dict[str, ModelInfo]) -> tuple[Plan, list[str]
     """The plan for a case, and the llama-server args for it: the plan's memory flags plus the
     speculator's own flags, as the launcher adds them."""
     m = models[case.model]
-    draft = (models["llama-draft"] if case.model == "llama" else m) if case.spec == "draft" else None
+    draft = (models["llama-draft"] if case.model == "llama-dense" else m) if case.spec == "draft" else None
     spec = {"none": NO_SPEC, "mtp": MTP_SPEC,
             "draft": Speculator("draft", ("draft-simple",), draft=draft.path if draft else None, n_max=8)}[case.spec]
     intent = Intent(ctx=case.ctx, speculation="on" if case.spec != "none" else "off",
@@ -171,16 +173,16 @@ class FormulaCase:
 # Memory-level cases for settings the plan itself never emits: per-slot (non-unified) streams,
 # --swa-full, and the recurrent state copies an EAGLE3/MTP/DFlash target keeps per draft position.
 FORMULA_CASES = [
-    FormulaCase("gemma3-np2-streams", "gemma3", ("-c", "8192", "-np", "2"),
+    FormulaCase("gemma3-np2-streams", "gemma3-dense", ("-c", "8192", "-np", "2"),
                 ContextSettings(n_ctx=8192, n_parallel=2, kv_unified=False)),
-    FormulaCase("gemma3-swa-full", "gemma3", ("-c", "4096", "--swa-full"),
+    FormulaCase("gemma3-swa-full", "gemma3-dense", ("-c", "4096", "--swa-full"),
                 ContextSettings(n_ctx=4096, swa_full=True)),
-    FormulaCase("llama-fa-off-q8k", "llama", ("-c", "4096", "-fa", "off", "-ctk", "q8_0"),
+    FormulaCase("llama-fa-off-q8k", "llama-dense", ("-c", "4096", "-fa", "off", "-ctk", "q8_0"),
                 ContextSettings(n_ctx=4096, flash_attn=False, cache_type_k="q8_0")),
-    FormulaCase("qwen35-rs-per-draft-slot", "qwen35",
+    FormulaCase("qwen35-rs-per-draft-slot", "qwen35-dense",
                 ("-c", "4096", "-np", "2", "--spec-type", "draft-eagle3", "--spec-draft-n-max", "3"),
                 ContextSettings(n_ctx=4096, n_parallel=2, kv_unified=False, n_rs_seq=3)),
-    FormulaCase("granite-rs-np1", "granitehybrid", ("-c", "4096", "-np", "1"),
+    FormulaCase("granite-rs-np1", "granitehybrid-dense", ("-c", "4096", "-np", "1"),
                 ContextSettings(n_ctx=4096, n_parallel=1, kv_unified=False)),
 ]
 
