@@ -19,7 +19,7 @@ import pytest
 
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware.device import GIB, Device
-from bostudio.planner import MTP_SPEC, NO_SPEC, Intent, Plan, plan
+from bostudio.planner import MTP_SPEC, NGRAM_SPEC, NO_SPEC, Intent, Plan, plan
 from bostudio.planner.fit import RUNTIME_OUTPUT
 from bostudio.planner.memory import MIB, ContextSettings, context_shape, kv_cache_bytes, recurrent_state_bytes
 from bostudio.planner.reported import ReportedMemory, parse_reported_memory
@@ -71,7 +71,7 @@ class Case:
     model: str
     ctx: int
     cache: str = "f16"
-    spec: str = "none"          # none | draft | mtp
+    spec: str = "none"          # none | draft | mtp | ngram
     draft_cache: str = "f16"
     n_parallel: int = 4
 
@@ -98,6 +98,8 @@ CASES = [
     Case("gemma-real-4k", "gemma-real", 4096),
     Case("gemma-real-16k-q8", "gemma-real", 16384, cache="q8_0"),
     Case("gemma-real-8k-draft", "gemma-real", 8192, spec="draft", draft_cache="q8_0"),
+    # n-gram speculation: outputs sized for 64-token drafts, 260 logit rows of a 262k vocabulary
+    Case("gemma-real-4k-ngram", "gemma-real", 4096, spec="ngram"),
 ]
 
 
@@ -106,16 +108,15 @@ def case_plan(case: Case, models: dict[str, ModelInfo]) -> tuple[Plan, list[str]
     speculator's own flags, as the launcher adds them."""
     m = models[case.model]
     draft = (models["llama-draft"] if case.model == "llama-dense" else m) if case.spec == "draft" else None
-    spec = {"none": NO_SPEC, "mtp": MTP_SPEC,
+    spec = {"none": NO_SPEC, "mtp": MTP_SPEC, "ngram": NGRAM_SPEC,
             "draft": Speculator("draft", ("draft-simple",), draft=draft.path if draft else None, n_max=8)}[case.spec]
     intent = Intent(ctx=case.ctx, speculation="on" if case.spec != "none" else "off",
                     cache_type_k=case.cache, cache_type_v=case.cache, n_parallel=case.n_parallel,
                     draft_cache_type_k=case.draft_cache, draft_cache_type_v=case.draft_cache)
     p = plan(m, HOST, intent, spec, draft)
-    spec_args = []
-    if spec.kind != "none":
-        spec_args = ["--spec-type", ",".join(spec.spec_types), "--spec-draft-n-max", str(spec.n_max)]
-        spec_args += ["-md", str(spec.draft)] if spec.draft else []
+    spec_args = ["--spec-type", ",".join(spec.spec_types)] if spec.kind != "none" else []
+    spec_args += ["--spec-draft-n-max", str(spec.n_max)] if spec.n_max is not None else []
+    spec_args += ["-md", str(spec.draft)] if spec.draft else []
     return p, p.llama_args() + spec_args
 
 
@@ -155,7 +156,7 @@ def within(pred: int, rep: int, rel: float) -> bool:
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_plan_matches_llama_cpp(case: Case, models: dict[str, ModelInfo], llama_server: Path) -> None:
     pred, rep, log = measure(case, models, llama_server)
-    expected_contexts = 2 if case.spec != "none" else 1
+    expected_contexts = 2 if case.spec in ("draft", "mtp") else 1
     assert len(parse_reported_memory(log).contexts) == expected_contexts, "speculative context missing"
     assert within(pred["kv+rs"], rep["kv+rs"], 0.01), (pred, rep)
     assert within(pred["spec kv"], rep["spec kv"], 0.01), (pred, rep)

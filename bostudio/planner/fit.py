@@ -24,6 +24,7 @@ DEFAULT_MIN_CTX = 32768
 # The one component llama.cpp allocates after load (so its load log never shows it).
 RUNTIME_OUTPUT = "output buffer growth when drafting"
 DRAFT_N_MAX_DEFAULT = 3  # llama.cpp's --spec-draft-n-max default (common/common.h)
+NGRAM_MOD_N_MAX_DEFAULT = 64  # --spec-ngram-mod-n-max default: ngram-mod drafts up to 64 tokens
 
 
 def spec_label(spec: Speculator) -> str:
@@ -51,8 +52,9 @@ def _spec(spec: Speculator, draft: "ModelInfo | None", intent: "Intent") -> _Spe
     if spec.kind == "draft" and draft is None:
         raise PlanError("a draft speculator needs the draft model's header to be planned",
                         "pass draft=describe(draft_path)")
+    default = NGRAM_MOD_N_MAX_DEFAULT if spec.kind == "ngram" else DRAFT_N_MAX_DEFAULT
     return _Spec(spec.kind, draft if spec.kind == "draft" else None,
-                 spec.n_max if spec.n_max is not None else DRAFT_N_MAX_DEFAULT,
+                 spec.n_max if spec.n_max is not None else default,
                  intent.draft_cache_type_k, intent.draft_cache_type_v)
 
 
@@ -165,8 +167,10 @@ class Plan:
 # ---------------------------------------------------------------- memory of one configuration
 
 def _settings(intent: Intent, spec: _Spec, n_ctx: int) -> ContextSettings:
-    drafting = spec.kind in ("draft", "mtp")
-    # the server sizes outputs for a draft per slot (server-context.cpp:41-53)
+    # Any speculator makes the server size the target's outputs for a whole draft per slot
+    # (common_speculative_get_output_limits, server-context.cpp:41-53): n-gram drafts are long
+    # (64), so on a large vocabulary its logits cost far more than its 16 MiB table.
+    drafting = spec.kind in ("draft", "mtp", "ngram")
     n_outputs = min(intent.n_batch, intent.n_parallel * (1 + spec.n_max)) if drafting else 0
     return ContextSettings(
         n_ctx=n_ctx, n_parallel=intent.n_parallel, kv_unified=True, n_batch=intent.n_batch,
@@ -370,7 +374,8 @@ def _bytes_per_token(model: "ModelInfo", devices: list[Device], intent: Intent, 
 
 def default_fallback(model: "ModelInfo") -> Speculator:
     """What auto falls back to when a draft does not pay for its memory: the model's own MTP
-    head if it has one, else n-gram speculation; both cost almost nothing."""
+    head if it has one, else n-gram speculation; neither has weights of its own (n-gram still
+    widens the output rows, which the plan counts)."""
     return MTP_SPEC if model.n_nextn and model.has_mtp else NGRAM_SPEC
 
 
