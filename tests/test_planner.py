@@ -302,3 +302,16 @@ def test_cli_plan_on_a_24gib_gpu_from_a_devices_file(gemma_gguf: Path, tmp_path:
 def test_cli_plan_errors_are_for_users(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", str(tmp_path / "missing.gguf")]) == 1
     assert "not found (no such file" in capsys.readouterr().err
+
+
+def test_reported_memory_parser_on_a_recorded_log() -> None:
+    """A recorded `llama-server -lv 4` log: target + draft (q8_0 KV) + ngram-mod."""
+    from bostudio.planner.reported import parse_reported_memory
+
+    rep = parse_reported_memory((Path(__file__).parent / "data" / "planner" / "llama_server_draft_ngram.log").read_text())
+    assert [sum(m.values()) for m in rep.models] == [round(4.52 * MIB), round(2.39 * MIB)]
+    target, draft = rep.contexts
+    assert (target.kv, target.kv_cells, target.compute) == (8 * MIB, [4096], {"CPU": round(7.51 * MIB)})
+    assert (draft.kv, draft.compute_total) == (round(2.12 * MIB), round(7.09 * MIB))
+    assert rep.ngram_table == 16 * MIB
+    assert rep.total == sum(sum(m.values()) for m in rep.models) + target.total + draft.total + 16 * MIB

@@ -9,6 +9,7 @@ llama-memory-recurrent.cpp):
     llama_kv_cache: size =    8.00 MiB (  4096 cells,   2 layers,  4/1 seqs), K (f16): ..., V (f16): ...
     llama_memory_recurrent: size =    0.27 MiB (     4 cells,   1 layers,  4 seqs ...), R (f32): ...
     sched_reserve:        CPU compute buffer size =     7.51 MiB
+    spec common_specu: - mod size=4194304 (16.000 MB)              (ngram-mod's table)
 
 A draft or MTP context logs the same lines again, after the target's; `contexts` keeps them apart.
 """
@@ -26,6 +27,7 @@ _KV = re.compile(r"llama_kv_cache: size =\s+([\d.]+) MiB \(\s*(\d+) cells,\s+(\d
 _RS = re.compile(r"llama_memory_recurrent: size =\s+([\d.]+) MiB \(\s*(\d+) cells,\s+(\d+) layers")
 _COMPUTE = re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s+([\d.]+) MiB")
 _CTX_START = re.compile(r"llama_context: constructing llama_context")
+_NGRAM_MOD = re.compile(r"- mod size=\d+ \(([\d.]+) MB\)")  # common/speculative.cpp, MB = 2^20 bytes
 
 
 def _mib(text: str) -> int:
@@ -58,10 +60,11 @@ class ReportedMemory:
 
     models: list[dict[str, int]] = field(default_factory=list)
     contexts: list[ContextReport] = field(default_factory=list)
+    ngram_table: int = 0  # ngram-mod's hash table, host RAM
 
     @property
     def total(self) -> int:
-        return sum(sum(m.values()) for m in self.models) + sum(c.total for c in self.contexts)
+        return sum(sum(m.values()) for m in self.models) + sum(c.total for c in self.contexts) + self.ngram_table
 
 
 def parse_reported_memory(log: str) -> ReportedMemory:
@@ -75,6 +78,8 @@ def parse_reported_memory(log: str) -> ReportedMemory:
                 rep.models.append({})  # consecutive buffer lines belong to one model load
             rep.models[-1][m.group(1)] = rep.models[-1].get(m.group(1), 0) + _mib(m.group(2))
             last_model_line = n
+        elif m := _NGRAM_MOD.search(line):
+            rep.ngram_table = _mib(m.group(1))
         elif _CTX_START.search(line):
             rep.contexts.append(ContextReport())
         elif rep.contexts and (m := _OUTPUT.search(line)):
