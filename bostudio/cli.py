@@ -235,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "state, compute and output buffers, the speculator's share) from its GGUF "
                                    "header, find the largest context and offload that fit with the "
                                    "speculator and without it, and choose. Exits 1 when nothing fits.")
-    p.add_argument("model", metavar="MODEL", help="a GGUF file")
+    p.add_argument("model", metavar="MODEL", help="a GGUF file, or a model name in models/")
     p.add_argument("--ctx", type=int, default=None, metavar="N",
                    help="plan exactly this context (default: as large as fits, up to the training context)")
     p.add_argument("--min-ctx", type=int, default=32768, metavar="N",

@@ -254,11 +254,16 @@ def test_spec_on_that_does_not_fit_is_a_plan_error(base: ModelInfo) -> None:
              draft_spec(info), info)
 
 
+def test_mtp_needs_nextn_layers(base: ModelInfo) -> None:
+    with pytest.raises(PlanError, match="no MTP"):
+        plan(shape(base, n_layer=8), GPU24, Intent(), MTP_SPEC)
+
+
 def test_plan_for_launch_gives_the_launch_flags(base: ModelInfo) -> None:
-    m = shape(base, n_layer=8, layer_bytes=10 * MIB)
+    m = shape(base, n_layer=8, layer_bytes=10 * MIB, n_nextn=1)
     p = plan_for_launch(m, GPU24, ctx=8192, cache_type="q8_0", speculator=MTP_SPEC)
     args = p.llama_args()
-    assert args[:4] == ["-c", "8192", "-ngl", "9"]
+    assert args[:4] == ["-c", "8192", "-ngl", "10"]  # 8 trunk + 1 NextN layer + output
     assert ["-ctk", "q8_0", "-ctv", "q8_0"] == args[args.index("-ctk"):args.index("-ctk") + 4]
     assert "-fa" in args  # a quantized V cache needs flash attention
     with pytest.raises(PlanError, match="does not fit"):

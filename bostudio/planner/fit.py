@@ -391,6 +391,9 @@ def plan(model: "ModelInfo", devices: Iterable[Device], intent: Intent = Intent(
     devs = tuple(devices)
     if not devs:
         raise PlanError("no devices to plan for", "run `bostudio devices` or pass --devices-file")
+    if speculator.kind == "mtp" and not model.n_nextn:
+        raise PlanError(f"{model.path.name} has no MTP (NextN) layers to speculate with",
+                        "use n-gram speculation or a draft model")
     without = fit_option(model, devs, intent, NO_SPEC)
     label = spec_label(speculator)
     if speculator.kind == "none" or intent.speculation == "off":
