@@ -229,7 +229,9 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
     compute = compute_buffer_bytes(model, s)
     host_compute = min(s.n_ubatch, s.n_ctx) * model.n_embd * 4 * 2  # input embeddings staged on the host
     if n_gpu_layers and gpus:
-        uses.append(Use(gpus[0].label, "compute buffer", compute))
+        # each GPU holding layers reserves its own worst-case graph buffer; counting the whole
+        # estimate on each is the safe side of llama.cpp's per-split sizing
+        uses += [Use(g.label, "compute buffer", compute) for g in gpus]
         uses.append(Use(host, "compute buffer", host_compute))
     else:
         uses.append(Use(host, "compute buffer", compute))
