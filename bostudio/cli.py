@@ -62,38 +62,26 @@ def cmd_default_model(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- devices and plan
 
-def _engine_for_devices(explicit: str | None):  # type: ignore[no-untyped-def]
-    """The llama-server whose --list-devices cross-checks the probes: --engine, LLAMA_SERVER, or
-    the engine bostudio would choose (when engine discovery is available)."""
-    import os
+def _local_devices(engine_path: str | None):  # type: ignore[no-untyped-def]
+    """This machine's devices, cross-checked with the engine's --list-devices (the engine named by
+    --engine, else the one bostudio would choose; without any, the probes stand alone)."""
     from pathlib import Path
 
-    if explicit:
-        return Path(explicit)
-    if os.environ.get("LLAMA_SERVER"):
-        return Path(os.environ["LLAMA_SERVER"])
-    try:
-        from bostudio.engine.discover import choose_engine, discover_engines  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    engines = discover_engines()
-    chosen = choose_engine(engines) if engines else None
-    return getattr(chosen, "server", None) or getattr(chosen, "path", None)
+    from bostudio.engine.discover import choose_engine, discover_engines, probe_engine
+    from bostudio.errors import EngineError
+    from bostudio.hardware import discover_devices
 
-
-def _local_devices(engine: str | None):  # type: ignore[no-untyped-def]
-    from bostudio.hardware import discover_devices, run_list_devices
-
-    server = _engine_for_devices(engine)
-    text = None
+    engine = None
     problems: list[str] = []
-    if server is not None:
-        try:
-            text = run_list_devices(server)
-        except Exception as exc:  # the engine's view is a cross-check; the probes stand without it
-            problems.append(f"engine: {server} --list-devices failed ({exc})")
-    result = discover_devices(list_devices_text=text)
-    return result.devices, tuple(problems) + result.problems, server
+    try:
+        engine = probe_engine(Path(engine_path), "env") if engine_path else choose_engine(discover_engines())
+    except EngineError as exc:
+        problems.append(f"engine: {exc.message}")
+    if engine is not None and engine.problem:
+        problems.append(f"engine: {engine.path}: {engine.problem}")
+        engine = None
+    result = discover_devices(engine_devices=engine.devices if engine else None)
+    return result.devices, tuple(problems) + result.problems, engine.path if engine else None
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
@@ -114,7 +102,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     for p in problems:
         print(f"note: {p}")
     if server is None:
-        print("note: no llama-server found to cross-check with (--engine PATH or LLAMA_SERVER)")
+        print("note: no usable llama-server to cross-check with (--engine PATH or LLAMA_SERVER)")
     return 0
 
 

@@ -12,7 +12,8 @@ import pytest
 
 from bostudio.cli import main
 from bostudio.errors import ConfigError
-from bostudio.hardware import Device, cross_check, discover_devices, load_devices_file, parse_list_devices
+from bostudio.engine.discover import parse_devices
+from bostudio.hardware import Device, cross_check, discover_devices, load_devices_file
 from bostudio.hardware.amd import probe_amd
 from bostudio.hardware.apple import probe_apple
 from bostudio.hardware.cpu import probe_cpu
@@ -102,7 +103,7 @@ def test_amd_from_amdsmi() -> None:
                  {"name": "broken", "broken": True}])
     r = probe_amd(smi, root=SYSFS)
     (d,) = r.devices
-    assert (d.name, d.backend, d.total_bytes, d.free_bytes, d.source) == ("AMD Instinct MI300X", "rocm", 192 * GIB, 190 * GIB, "amdsmi")
+    assert (d.name, d.backend, d.total_bytes, d.free_bytes, d.source) == ("AMD Instinct MI300X", "hip", 192 * GIB, 190 * GIB, "amdsmi")
     assert d.driver == "amdgpu 6.8.5"
     assert r.problems and "GPU 1 unreadable" in r.problems[0]
 
@@ -158,18 +159,9 @@ def test_cpu_ram_from_psutil() -> None:
     assert (d.vendor, d.total_bytes, d.free_bytes, d.label) == ("cpu", 64 * GIB, 50 * GIB, "CPU")
 
 
-def test_list_devices_parsing() -> None:
-    listed = parse_list_devices(recorded("list_devices_cuda2.txt"))
-    assert listed is not None
-    assert [(x.name, x.total_bytes, x.free_bytes) for x in listed] == [
-        ("CUDA0", 24080 * MIB, 23664 * MIB), ("CUDA1", 12044 * MIB, 11813 * MIB)]
-    assert parse_list_devices(recorded("list_devices_none.txt")) == []
-    assert parse_list_devices("error: unknown argument") is None
-
-
 def test_cross_check_names_gpus_as_the_engine_does(nvml: ModuleType) -> None:
     r = discover_devices(nvml=nvml, ps=FakePsutil, root=SYSFS, run=runner({}), system="Linux",
-                         list_devices_text=recorded("list_devices_cuda2.txt"))
+                         engine_devices=parse_devices(recorded("list_devices_cuda2.txt")))
     by_name = {d.name: d for d in r.devices}
     assert by_name["NVIDIA GeForce RTX 4090"].engine_name == "CUDA0"
     assert by_name["NVIDIA GeForce RTX 3060"].engine_name == "CUDA1"
@@ -178,12 +170,16 @@ def test_cross_check_names_gpus_as_the_engine_does(nvml: ModuleType) -> None:
 
 
 def test_cross_check_vulkan_and_engine_only_devices() -> None:
-    amd = Device("amd", "rocm", "AMD Radeon RX 7900 XTX", 0, 24 * GIB, 23 * GIB, source="sysfs")
-    r = cross_check((amd,), parse_list_devices(recorded("list_devices_vulkan.txt")) or [])
+    amd = Device("amd", "hip", "AMD Radeon RX 7900 XTX", 0, 24 * GIB, 23 * GIB, source="sysfs")
+    r = cross_check((amd,), parse_devices(recorded("list_devices_vulkan.txt")))
     assert r.devices[0].engine_name == "Vulkan0" and r.devices[0].backend == "vulkan"
-    r = cross_check((), parse_list_devices(recorded("list_devices_metal.txt")) or [])
+    r = cross_check((), parse_devices(recorded("list_devices_metal.txt")))
     (d,) = r.devices
-    assert (d.vendor, d.backend, d.unified, d.source) == ("apple", "metal", True, "list-devices")
+    assert (d.vendor, d.backend, d.unified, d.source, d.label) == ("apple", "metal", True, "list-devices", "MTL0")
+    assert "found only by the engine" in r.problems[0]
+    # a CPU-only build lists (none): every GPU the probes found is unusable with it
+    r = cross_check((amd,), parse_devices(recorded("list_devices_none.txt")))
+    assert r.devices == (amd,) and "cannot use amd GPU 0" in r.problems[0]
 
 
 def test_one_vendor_failing_never_hides_the_others(nvml: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -214,9 +210,15 @@ def test_devices_file_round_trip_and_errors(tmp_path: Path, nvml: ModuleType) ->
     assert "total_gib" in exc.value.hint
 
 
-def test_cli_devices_json(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLAMA_SERVER", str(DATA / "no-such-server"))
-    assert main(["devices", "--json"]) == 0
+def test_cli_devices_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["devices", "--json", "--engine", str(DATA / "no-such-server")]) == 0
     out = json.loads(capsys.readouterr().out)
     assert any(d["vendor"] == "cpu" and d["total_bytes"] > 0 for d in out["devices"])
-    assert any("--list-devices failed" in p for p in out["problems"])
+    assert any("file does not exist" in p for p in out["problems"]) and out["engine"] is None
+
+
+def test_cli_devices_text_with_the_built_engine(llama_server: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["devices", "--engine", str(llama_server)]) == 0
+    text = capsys.readouterr().out
+    assert "CPU" in text and "total" in text and "from psutil" in text
+    assert "no llama-server" not in text

@@ -50,7 +50,7 @@ def _probe_amdsmi(amdsmi: ModuleType) -> ProbeResult:
             asic = _safe(amdsmi.amdsmi_get_gpu_asic_info, handle) or {}
             drv = _safe(amdsmi.amdsmi_get_gpu_driver_info, handle) or {}
             devices.append(Device(
-                vendor="amd", backend="rocm", name=str(asic.get("market_name") or "AMD GPU"), index=i,
+                vendor="amd", backend="hip", name=str(asic.get("market_name") or "AMD GPU"), index=i,
                 total_bytes=total, free_bytes=max(0, total - used), unified=False,
                 driver=_join(drv.get("driver_name"), drv.get("driver_version")), source="amdsmi"))
     except Exception as exc:
@@ -73,7 +73,7 @@ def _probe_sysfs(root: Path) -> ProbeResult:
         name = read_text(card.device / "product_name") or f"AMD GPU {read_text(card.device / 'device') or ''}".strip()
         version = read_text(root / "sys" / "module" / "amdgpu" / "version")
         devices.append(Device(
-            vendor="amd", backend="rocm", name=name, index=i, total_bytes=total,
+            vendor="amd", backend="hip", name=name, index=i, total_bytes=total,
             free_bytes=max(0, total - used) if used is not None else None, unified=False,
             driver=_join(card.driver or "amdgpu", version), source="sysfs"))
     return ProbeResult(tuple(devices), tuple(problems))

@@ -12,7 +12,8 @@ from bostudio.errors import ConfigError
 
 VENDORS = ("nvidia", "amd", "intel", "apple", "cpu", "other")
 # Backends as llama.cpp names its devices: CUDA0, ROCm0, SYCL0, Vulkan0, MTL0; "cpu" is host RAM.
-BACKENDS = ("cuda", "rocm", "sycl", "vulkan", "metal", "musa", "cpu", "unknown")
+# The same names as `bostudio engine build --backend` and the engine probe (ROCm builds are "hip").
+BACKENDS = ("cuda", "hip", "sycl", "vulkan", "metal", "musa", "rpc", "cpu", "unknown")
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

@@ -6,15 +6,18 @@ import platform
 import subprocess
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from bostudio.hardware.amd import probe_amd
 from bostudio.hardware.apple import probe_apple
 from bostudio.hardware.cpu import probe_cpu
 from bostudio.hardware.device import ProbeResult
 from bostudio.hardware.intel import probe_intel
-from bostudio.hardware.listdevices import cross_check, parse_list_devices
+from bostudio.hardware.crosscheck import cross_check
 from bostudio.hardware.nvidia import probe_nvidia
+
+if TYPE_CHECKING:
+    from bostudio.engine.discover import EngineDevice
 
 Runner = Callable[[list[str]], str]
 
@@ -26,10 +29,11 @@ def run_tool(argv: list[str], timeout: float = 10.0) -> str:
 
 def discover_devices(*, nvml: ModuleType | None = None, amdsmi: ModuleType | None = None,
                      ps: ModuleType | None = None, root: Path = Path("/"), run: Runner = run_tool,
-                     system: str | None = None, list_devices_text: str | None = None) -> ProbeResult:
+                     system: str | None = None,
+                     engine_devices: Iterable["EngineDevice"] | None = None) -> ProbeResult:
     """Every device on this machine: GPUs per vendor, then host RAM, cross-checked with the
-    engine's `--list-devices` text when given. Each argument is a seam the tests fill with
-    recorded output; the defaults read the real machine."""
+    devices the engine lists (`Engine.devices`, from `llama-server --list-devices`) when given.
+    Each argument is a seam the tests fill with recorded output; the defaults read the real machine."""
     system = system or platform.system()
     probes: list[tuple[str, Callable[[], ProbeResult]]] = [("nvidia", lambda: probe_nvidia(nvml))]
     if system == "Linux":
@@ -43,11 +47,7 @@ def discover_devices(*, nvml: ModuleType | None = None, amdsmi: ModuleType | Non
             result = result + probe()
         except Exception as exc:  # a bug or surprise in one probe is a note, not a crash
             result = result + ProbeResult(problems=(f"{vendor}: probe failed ({type(exc).__name__}: {exc})",))
-    if list_devices_text is not None:
-        listed = parse_list_devices(list_devices_text)
-        if listed is None:
-            result = result + ProbeResult(problems=("engine: --list-devices printed no device list",))
-        else:
-            checked = cross_check(result.devices, listed)
-            result = ProbeResult(checked.devices, result.problems + checked.problems)
+    if engine_devices is not None:
+        checked = cross_check(result.devices, engine_devices)
+        result = ProbeResult(checked.devices, result.problems + checked.problems)
     return result
