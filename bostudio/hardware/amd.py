@@ -6,7 +6,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bostudio.hardware.device import Device, ProbeResult
+from bostudio.hardware.device import Device, ProbeResult, reading
 from bostudio.hardware.sysfs import drm_cards, read_int, read_text
 
 AMD_VENDOR_ID = "0x1002"
@@ -47,8 +47,8 @@ def _probe_amdsmi(amdsmi: ModuleType) -> ProbeResult:
             except Exception as exc:  # one GPU failing never hides the others
                 problems.append(f"amd: GPU {i} unreadable ({exc})")
                 continue
-            asic = _safe(amdsmi.amdsmi_get_gpu_asic_info, handle) or {}
-            drv = _safe(amdsmi.amdsmi_get_gpu_driver_info, handle) or {}
+            asic = reading(amdsmi.amdsmi_get_gpu_asic_info, handle) or {}
+            drv = reading(amdsmi.amdsmi_get_gpu_driver_info, handle) or {}
             devices.append(Device(
                 vendor="amd", backend="hip", name=str(asic.get("market_name") or "AMD GPU"), index=i,
                 total_bytes=total, free_bytes=max(0, total - used), unified=False,
@@ -56,7 +56,7 @@ def _probe_amdsmi(amdsmi: ModuleType) -> ProbeResult:
     except Exception as exc:
         problems.append(f"amd: amdsmi failed ({exc}); reading sysfs")
     finally:
-        _safe(amdsmi.amdsmi_shut_down)
+        reading(amdsmi.amdsmi_shut_down)
     return ProbeResult(tuple(devices), tuple(problems))
 
 
@@ -77,13 +77,6 @@ def _probe_sysfs(root: Path) -> ProbeResult:
             free_bytes=max(0, total - used) if used is not None else None, unified=False,
             driver=_join(card.driver or "amdgpu", version), source="sysfs"))
     return ProbeResult(tuple(devices), tuple(problems))
-
-
-def _safe(call: Any, *args: Any) -> Any:
-    try:
-        return call(*args)
-    except Exception:  # an optional reading; unknown is fine
-        return None
 
 
 def _join(*parts: Any) -> str | None:

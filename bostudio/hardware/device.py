@@ -73,6 +73,14 @@ class ProbeResult:
         return ProbeResult(self.devices + other.devices, self.problems + other.problems)
 
 
+def reading(call: Any, *args: Any) -> Any:
+    """A vendor-library reading some devices or drivers do not support: unknown (None), not an error."""
+    try:
+        return call(*args)
+    except Exception:  # NotSupported and friends from NVML/amdsmi
+        return None
+
+
 _FIELDS = {f for f in Device.__dataclass_fields__}
 
 

@@ -5,19 +5,11 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from bostudio.hardware.device import Device, ProbeResult
+from bostudio.hardware.device import Device, ProbeResult, reading
 
 
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
-def _optional(call: Any, *args: Any) -> Any:
-    """NVML calls that some GPUs/drivers do not support: unknown is None, not an error."""
-    try:
-        return call(*args)
-    except Exception:  # NVMLError_NotSupported and friends; the reading is simply unknown
-        return None
 
 
 def probe_nvidia(nvml: ModuleType | None = None) -> ProbeResult:
@@ -34,7 +26,7 @@ def probe_nvidia(nvml: ModuleType | None = None) -> ProbeResult:
     devices: list[Device] = []
     problems: list[str] = []
     try:
-        driver = _optional(nvml.nvmlSystemGetDriverVersion)
+        driver = reading(nvml.nvmlSystemGetDriverVersion)
         count = nvml.nvmlDeviceGetCount()
         for i in range(count):
             try:
@@ -52,7 +44,7 @@ def probe_nvidia(nvml: ModuleType | None = None) -> ProbeResult:
     except Exception as exc:
         problems.append(f"nvidia: {_text(exc) or type(exc).__name__}")
     finally:
-        _optional(nvml.nvmlShutdown)
+        reading(nvml.nvmlShutdown)
     return ProbeResult(tuple(devices), tuple(problems))
 
 
@@ -62,8 +54,8 @@ def _bandwidth_gbs(nvml: ModuleType, handle: Any) -> float | None:
     Matches the datasheets for GDDR6X (RTX 4090: 10501 MHz x 384 bit -> 1008 GB/s) and HBM
     (H100 SXM: 2619 MHz x 5120 bit -> 3352 GB/s).
     """
-    clock_mhz = _optional(nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_MEM)
-    bus_bits = _optional(nvml.nvmlDeviceGetMemoryBusWidth, handle)
+    clock_mhz = reading(nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_MEM)
+    bus_bits = reading(nvml.nvmlDeviceGetMemoryBusWidth, handle)
     if not clock_mhz or not bus_bits:
         return None
     return round(clock_mhz * 1e6 * 2 * bus_bits / 8 / 1e9, 1)
