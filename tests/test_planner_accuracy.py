@@ -199,3 +199,20 @@ def test_cache_formulas_match_llama_cpp(case: FormulaCase, models: dict[str, Mod
     if target.kv_cells:  # the log counts cells per stream
         n_stream = context_shape(case.settings).n_stream
         assert sorted(target.kv_cells) == sorted(c // n_stream for c in (kv.cells_full, kv.cells_swa) if c)
+
+
+def test_a_tight_plan_holds_in_llama_server(models: dict[str, ModelInfo], llama_server: Path) -> None:
+    """Gemma on a host with 420 MiB to spare: the planner shrinks the context to fit, refuses the
+    draft (and n-gram, whose 64-token drafts need 260 logit rows), and llama-server's own figures
+    for the launched plan stay inside the budget."""
+    gemma = models["gemma-real"]
+    budget = 420 * MIB
+    host = (Device(vendor="cpu", backend="cpu", name="small host", total_bytes=budget + 100 * MIB,
+                   free_bytes=budget + 100 * MIB),)
+    draft = Speculator("draft", ("draft-simple",), draft=gemma.path, n_max=8)
+    p = plan(gemma, host, Intent(reserve=100 * MIB), draft, gemma)
+    assert p.chosen is p.without_spec and "drops the draft" in p.why and "n-gram speculation does not fit" in p.why
+    assert 4096 < p.chosen.n_ctx < gemma.n_ctx_train
+    rep = parse_reported_memory(run_server(llama_server, gemma.path, p.llama_args()))
+    assert rep.total <= budget
+    assert within(p.chosen.total, rep.total, 0.05)

@@ -5,7 +5,7 @@ Pure: devices, models and intent in, a Plan out. The memory figures come from pl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterable
 
 from bostudio.errors import PlanError
@@ -137,7 +137,6 @@ class Plan:
     why: str
     spec_cost_bytes: int = 0
     spec_cost_tokens: int = 0
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def cost_line(self) -> str:
@@ -358,7 +357,7 @@ def fit_option(model: "ModelInfo", devices: Iterable[Device], intent: Intent, sp
         uses, ngld = memory_uses(model, devs, intent, speculator, c, 0, draft)
         need = sum(u.bytes for u in uses)
         return PlanOption(speculator, False, c, 0, ngld, tuple(uses), tuple(budgets.items()),
-                          f"does not fit: needs {need / GIB:.2f} GiB at {c} tokens, all on the host")
+                          f"needs {need / GIB:.2f} GiB at {c} tokens even with every layer on the host")
     ctx, ngl = best
     uses, ngld = memory_uses(model, devs, intent, speculator, ctx, ngl, draft)
     reason = "" if ctx >= want else f"only {ctx} tokens fit (wanted {want})"
@@ -431,10 +430,11 @@ def plan(model: "ModelInfo", devices: Iterable[Device], intent: Intent = Intent(
         lost = f"it would move layers off the GPU (-ngl {with_.n_gpu_layers} instead of {without.n_gpu_layers})"
     else:
         lost = with_.reason
+    instead = (f"uses the {spec_label(fallback)} instead" if fb.fits else
+               f"runs without speculation (the {spec_label(fallback)} does not fit either: {fb.reason})")
     why = (f"drops the {label}: {lost}; it would cost {cost / GIB:.2f} GiB = {tokens} tokens of "
-           f"context; uses the {spec_label(fallback)} instead")
-    notes = () if fb.fits else (f"the {spec_label(fallback)} does not fit either: {fb.reason}",)
-    return Plan(model, devs, intent, with_, without, fb if fb.fits else without, why, cost, tokens, notes)
+           f"context; {instead}")
+    return Plan(model, devs, intent, with_, without, fb if fb.fits else without, why, cost, tokens)
 
 
 def plan_for_launch(model: "ModelInfo", devices: Iterable[Device], *, ctx: int | None = None,

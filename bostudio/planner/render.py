@@ -54,7 +54,6 @@ def render_plan(p: Plan) -> str:
         lines.append(p.cost_line)
     lines.append(f"choice: {spec_label(p.chosen.speculator)} at {p.chosen.n_ctx} tokens, -ngl {p.chosen.n_gpu_layers}")
     lines.append(f"why: {p.why}")
-    lines += [f"note: {n}" for n in p.notes]
     lines.append("memory flags: " + " ".join(p.llama_args()))
     return "\n".join(lines)
 
@@ -75,4 +74,4 @@ def plan_json(p: Plan) -> dict[str, Any]:
             "without_speculation": option_json(p.without_spec),
             "chosen": p.chosen.speculator.kind, "why": p.why,
             "spec_cost_bytes": p.spec_cost_bytes, "spec_cost_tokens": p.spec_cost_tokens,
-            "notes": list(p.notes), "llama_args": p.llama_args()}
+            "llama_args": p.llama_args()}
