@@ -166,11 +166,15 @@ gpus = st.lists(st.integers(2, 96), min_size=0, max_size=3)
 
 @SETTINGS
 @given(p=model_params, gpu_gib=gpus, host_gib=st.integers(4, 256), reserve_mib=st.integers(0, 4096),
-       kind=spec_kinds, cache=cache_names, ctx=st.one_of(st.none(), st.integers(1, 256).map(lambda k: k * 512)))
+       kind=spec_kinds, cache=cache_names, ctx=st.one_of(st.none(), st.integers(1, 256).map(lambda k: k * 512)),
+       unified=st.booleans())
 def test_a_plan_never_exceeds_budget_minus_reserve(base: ModelInfo, p: dict, gpu_gib: list[int], host_gib: int,
-                                                    reserve_mib: int, kind: str, cache: str, ctx: int | None) -> None:
+                                                    reserve_mib: int, kind: str, cache: str, ctx: int | None,
+                                                    unified: bool) -> None:
     m = build(base, p)
-    devs = tuple(Device("nvidia", "cuda", f"gpu{i}", i, g * GIB) for i, g in enumerate(gpu_gib)) + (
+    # unified: an Apple-style GPU whose memory is the host's RAM
+    devs = tuple(Device("apple" if unified else "nvidia", "metal" if unified else "cuda", f"gpu{i}", i, g * GIB,
+                        unified=unified) for i, g in enumerate(gpu_gib)) + (
         Device("cpu", "cpu", "host", 0, host_gib * GIB),)
     intent = Intent(ctx=ctx, reserve=reserve_mib * MIB, cache_type_k=cache, cache_type_v=cache)
     pl = plan(m, devs, intent, *speculator(kind, base))
@@ -179,6 +183,9 @@ def test_a_plan_never_exceeds_budget_minus_reserve(base: ModelInfo, p: dict, gpu
             continue
         for d in devs:
             assert option.device_bytes(d.label) <= max(0, d.usable_bytes - reserve_mib * MIB)
+        if unified and gpu_gib:
+            shared = sum(option.device_bytes(d.label) for d in devs)
+            assert shared <= max(0, host_gib * GIB - reserve_mib * MIB)
         if ctx is not None:
             assert option.n_ctx == ctx
 
