@@ -51,7 +51,8 @@ def parse_spec(value: str) -> SpecRequest:
 
 
 # n-gram speculation: llama.cpp's ngram-mod defaults (n_match 24, drafts of 48..64 tokens); it
-# costs ~16 MB and drafts from text already seen in the context or generated before.
+# drafts from text already seen in the context or generated before. Its table is ~16 MB, but the
+# server sizes outputs for whole drafts, which the planner counts (large on a 262k vocabulary).
 NGRAM = ("ngram-mod",)
 # A separate draft model on a CPU only pays when it is much smaller than the target; keep drafts short.
 DRAFT_N_MAX = 8
@@ -92,5 +93,5 @@ def choose_speculator(req: SpecRequest, *, n_nextn: int, engine_spec_types: tupl
     need(NGRAM)
     where = "a GPU" if has_gpu else "a CPU"
     return Speculator("ngram", NGRAM,
-                      reason=f"auto: n-gram speculation (ngram-mod) measurably pays on {where} and costs "
-                             "almost no memory; a separate draft model of similar size does not")
+                      reason=f"auto: n-gram speculation (ngram-mod) measurably pays on {where} and needs no "
+                             "second model; a separate draft model of similar size does not pay")

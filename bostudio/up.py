@@ -18,6 +18,8 @@ from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import ConfigError, ModelError, PortInUseError, ServerError
 from bostudio.gguf import describe
+from bostudio.hardware import discover_devices
+from bostudio.planner import plan_for_launch
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import ServerProcess, tail
 from bostudio.speculation import Speculator, choose_speculator, parse_spec
@@ -30,7 +32,8 @@ PROBE_TOKENS = 48
 @dataclass(frozen=True)
 class UpOptions:
     model: str | None = None
-    ctx: int = 4096
+    ctx: int | None = None  # None: as large as fits, up to the training context
+    cache_type: str = "f16"
     spec: str = "auto"
     port: int = 8080
     host: str = "127.0.0.1"
@@ -96,6 +99,12 @@ def verify_speculation(client: LlamaClient, speculator: Speculator, log_path: Pa
     return SpecStatus(False, "INACTIVE: " + _spec_failure_reason(log_path))
 
 
+def _without_ctx(args: list[str]) -> list[str]:
+    """The plan's flags minus `-c`, which LaunchSpec carries itself."""
+    i = args.index("-c")
+    return args[:i] + args[i + 2:]
+
+
 def _raise_stop(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -108,21 +117,27 @@ def run_up(opts: UpOptions, out=sys.stdout) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     request = parse_spec(opts.spec)
-    if opts.ctx < 256:
+    if opts.ctx is not None and opts.ctx < 256:
         raise ConfigError(f"--ctx {opts.ctx} is too small", "use at least 256 tokens (default 4096)")
     if request.draft is not None and not request.draft.is_file():
         raise ModelError(f"draft model {request.draft} not found", "pass an existing .gguf file as --spec draft:PATH")
     model = resolve_model(opts.model, log=note)
     info = describe(model)  # raises GGUFFormatError for truncated or crafted files
-    if request.draft is not None:
-        describe(request.draft)
+    draft_info = describe(request.draft) if request.draft is not None else None
     check_port_free(opts.host, opts.port)
     engine: Engine = find_engine(opts.engine)
     speculator = choose_speculator(request, n_nextn=info.n_nextn if info.mtp_usable else 0, engine_spec_types=engine.spec_types,
                                    has_gpu=engine.gpu_mib() > 0)
+    # The memory plan sets context, offload, slots and cache types; in auto mode it may trade a
+    # draft for a cheaper speculator when the draft would cost too much context.
+    devices = discover_devices(engine_devices=engine.devices).devices
+    mode = {"auto": "auto", "off": "off"}.get(request.mode, "on")
+    plan = plan_for_launch(info, devices, ctx=opts.ctx, speculator=speculator, draft=draft_info,
+                           speculation=mode, cache_type=opts.cache_type)
+    speculator = plan.chosen.speculator
     alias = model_name(model)
-    spec = LaunchSpec(model=model, alias=alias, port=opts.port, host=opts.host, ctx=opts.ctx,
-                      speculator=speculator)
+    spec = LaunchSpec(model=model, alias=alias, port=opts.port, host=opts.host, ctx=plan.chosen.n_ctx,
+                      speculator=speculator, extra_args=tuple(a for a in _without_ctx(plan.llama_args())))
     argv = build_argv(engine.path, engine.flags, spec)
     log_path = paths.logs_dir() / f"up-{opts.port}.log"
     server = ServerProcess(argv, opts.port, log_path, host=opts.host)
@@ -140,6 +155,7 @@ def run_up(opts: UpOptions, out=sys.stdout) -> int:
         say(f"  model           : {alias}")
         say(f"  speculation     : {speculator.label} - {status.detail}")
         say(f"  why             : {speculator.reason}")
+        say(f"  memory plan     : {plan.chosen.n_ctx} tokens of context; {plan.why}")
         say(f"  engine          : {engine.path} ({engine.version}, commit {engine.commit}, {devices})")
         say(f"  log             : {log_path}")
         say("Press Ctrl-C to stop.")
