@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bostudio.catalog.index import ambiguous, match_entries, not_found, scan_catalog
+from bostudio.catalog.resolve import looks_like_path, missing_file
 from bostudio.gguf import ModelInfo, describe
 
 
@@ -14,6 +15,8 @@ def describe_model(arg: str, revision: str = "main", remote: bool = True) -> tup
     path = Path(arg).expanduser()
     if path.is_file():
         return path.name, describe(path)
+    if looks_like_path(arg) and not (remote and ":" in arg):
+        raise missing_file(arg)
     entries = scan_catalog()
     matches = match_entries(arg, entries)
     if len(matches) == 1:

@@ -16,6 +16,15 @@ def model_name(path: Path) -> str:
     return name[:-5] if name.lower().endswith(".gguf") else name
 
 
+def looks_like_path(arg: str) -> bool:
+    """A .gguf name or an explicit path is a file the user means, never a catalog name."""
+    return arg.lower().endswith(".gguf") or arg.startswith(("/", "./", "../", "~"))
+
+
+def missing_file(arg: str) -> ModelError:
+    return ModelError(f"model file {arg} not found", "check the path, or name a model `bostudio ls` lists")
+
+
 def resolve_model(arg: str | None, log: Callable[[str], None] = print) -> Path:
     """None → the embedded default; an existing path → itself; else a name from the catalog."""
     if arg is None or arg == DEFAULT_NAME:
@@ -25,7 +34,7 @@ def resolve_model(arg: str | None, log: Callable[[str], None] = print) -> Path:
         return p
     if p.exists():
         raise ModelError(f"{arg} is not a file", "pass a .gguf file or a model name")
-    if arg.lower().endswith(".gguf") or arg.startswith(("/", "./", "../", "~")):
-        raise ModelError(f"model file {arg} not found", "check the path, or name a model `bostudio ls` lists")
+    if looks_like_path(arg):
+        raise missing_file(arg)
     # A name: models/, configured dirs, the HF cache, LM Studio and Ollama (bostudio ls).
     return resolve_name(arg)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +54,9 @@ def drm_cards(root: Path) -> list[DrmCard]:
             continue
         driver_link = device / "driver"
         try:
-            driver = driver_link.resolve().name if driver_link.exists() else read_text(device / "driver_name")
+            # The link's own target names the driver; it need not resolve (a copied sysfs tree).
+            driver = (Path(os.readlink(driver_link)).name if driver_link.is_symlink()
+                      else read_text(device / "driver_name"))
         except OSError:
             driver = None
         cards.append(DrmCard(int(m.group(1)), entry, device, vendor.lower(), driver))
