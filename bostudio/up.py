@@ -19,7 +19,7 @@ from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import ConfigError, ModelError, PortInUseError, ServerError
 from bostudio.gguf import describe
 from bostudio.hardware import discover_devices
-from bostudio.planner import plan_for_launch
+from bostudio.planner import Plan, plan_for_launch
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import ServerProcess, tail
 from bostudio.speculation import Speculator, choose_speculator, parse_spec
@@ -109,6 +109,42 @@ def _raise_stop(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """Everything decided before launch: the engine, the argv's spec and the memory plan."""
+
+    engine: Engine
+    launch: LaunchSpec
+    plan: Plan
+    argv: list[str]
+
+
+def prepare_launch(opts: UpOptions, note=print) -> Prepared:  # type: ignore[no-untyped-def]
+    """Resolve, check and plan `opts` into a launch; raises BostudioError on anything wrong."""
+    request = parse_spec(opts.spec)
+    if opts.ctx is not None and opts.ctx < 256:
+        raise ConfigError(f"--ctx {opts.ctx} is too small", "use at least 256 tokens, or leave it to the plan")
+    if request.draft is not None and not request.draft.is_file():
+        raise ModelError(f"draft model {request.draft} not found", "pass an existing .gguf file as --spec draft:PATH")
+    model = resolve_model(opts.model, log=note)
+    info = describe(model)  # raises GGUFFormatError for truncated or crafted files
+    draft_info = describe(request.draft) if request.draft is not None else None
+    check_port_free(opts.host, opts.port)
+    engine = find_engine(opts.engine)
+    speculator = choose_speculator(request, n_nextn=info.n_nextn if info.mtp_usable else 0,
+                                   engine_spec_types=engine.spec_types, has_gpu=engine.gpu_mib() > 0)
+    # The memory plan sets context, offload, slots and cache types; in auto mode it may trade a
+    # draft for a cheaper speculator when the draft would cost too much context.
+    devices = discover_devices(engine_devices=engine.devices).devices
+    mode = {"auto": "auto", "off": "off"}.get(request.mode, "on")
+    plan = plan_for_launch(info, devices, ctx=opts.ctx, speculator=speculator, draft=draft_info,
+                           speculation=mode, cache_type=opts.cache_type)
+    launch = LaunchSpec(model=model, alias=model_name(model), port=opts.port, host=opts.host,
+                        ctx=plan.chosen.n_ctx, speculator=plan.chosen.speculator,
+                        extra_args=tuple(_without_ctx(plan.llama_args())))
+    return Prepared(engine, launch, plan, build_argv(engine.path, engine.flags, launch))
+
+
 def run_up(opts: UpOptions, out=sys.stdout) -> int:
     def say(msg: str) -> None:
         print(msg, file=out, flush=True)
@@ -116,29 +152,9 @@ def run_up(opts: UpOptions, out=sys.stdout) -> int:
     def note(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    request = parse_spec(opts.spec)
-    if opts.ctx is not None and opts.ctx < 256:
-        raise ConfigError(f"--ctx {opts.ctx} is too small", "use at least 256 tokens (default 4096)")
-    if request.draft is not None and not request.draft.is_file():
-        raise ModelError(f"draft model {request.draft} not found", "pass an existing .gguf file as --spec draft:PATH")
-    model = resolve_model(opts.model, log=note)
-    info = describe(model)  # raises GGUFFormatError for truncated or crafted files
-    draft_info = describe(request.draft) if request.draft is not None else None
-    check_port_free(opts.host, opts.port)
-    engine: Engine = find_engine(opts.engine)
-    speculator = choose_speculator(request, n_nextn=info.n_nextn if info.mtp_usable else 0, engine_spec_types=engine.spec_types,
-                                   has_gpu=engine.gpu_mib() > 0)
-    # The memory plan sets context, offload, slots and cache types; in auto mode it may trade a
-    # draft for a cheaper speculator when the draft would cost too much context.
-    devices = discover_devices(engine_devices=engine.devices).devices
-    mode = {"auto": "auto", "off": "off"}.get(request.mode, "on")
-    plan = plan_for_launch(info, devices, ctx=opts.ctx, speculator=speculator, draft=draft_info,
-                           speculation=mode, cache_type=opts.cache_type)
-    speculator = plan.chosen.speculator
-    alias = model_name(model)
-    spec = LaunchSpec(model=model, alias=alias, port=opts.port, host=opts.host, ctx=plan.chosen.n_ctx,
-                      speculator=speculator, extra_args=tuple(a for a in _without_ctx(plan.llama_args())))
-    argv = build_argv(engine.path, engine.flags, spec)
+    prep = prepare_launch(opts, note)
+    engine, plan, speculator, alias = prep.engine, prep.plan, prep.launch.speculator, prep.launch.alias
+    argv = prep.argv
     log_path = paths.logs_dir() / f"up-{opts.port}.log"
     server = ServerProcess(argv, opts.port, log_path, host=opts.host)
 

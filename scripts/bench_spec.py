@@ -18,15 +18,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from bostudio.catalog.resolve import model_name, resolve_model
-from bostudio.engine.argv import LaunchSpec, build_argv
-from bostudio.engine.discover import find_engine
-from bostudio.gguf import describe
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import ServerProcess
-from bostudio.speculation import SpecRequest, Speculator, choose_speculator
+from bostudio.up import Prepared, UpOptions, prepare_launch
 
 CODE = (
     "import json\nfrom dataclasses import dataclass\n\n\n@dataclass\nclass User:\n    name: str\n"
@@ -43,10 +40,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure(engine, model: Path, sp: Speculator, tokens: int, repeats: int, logdir: Path) -> dict:
-    port = free_port()
-    launch = LaunchSpec(model=model, alias=model_name(model), port=port, ctx=4096, speculator=sp, n_parallel=1)
-    server = ServerProcess(build_argv(engine.path, engine.flags, launch), port, logdir / f"{sp.kind}.log")
+def measure(opts: UpOptions, tokens: int, repeats: int, logdir: Path) -> tuple[Prepared, dict]:
+    """Launch exactly what `bostudio up` would for `opts`, and time the workloads."""
+    prep = prepare_launch(replace(opts, port=free_port()), note=lambda m: None)
+    server = ServerProcess(prep.argv, prep.launch.port, logdir / f"{opts.spec}.log")
     server.start()
     try:
         server.wait_ready()
@@ -57,7 +54,7 @@ def measure(engine, model: Path, sp: Speculator, tokens: int, repeats: int, logd
             out["code, first run"] = [runs[0]]
             out["code, repeats"] = runs[1:]
             out["prose"] = [c.completion(PROSE, tokens)["timings"]]
-        return out
+        return prep, out
     finally:
         server.stop()
 
@@ -85,16 +82,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
 
-    engine = find_engine()
-    model = resolve_model(args.model)
-    info = describe(model)
-    auto = choose_speculator(SpecRequest("auto"), n_nextn=info.n_nextn if info.mtp_usable else 0, engine_spec_types=engine.spec_types,
-                             has_gpu=engine.gpu_mib() > 0)
-    print(f"model: {model.name}  engine: {engine.path} ({engine.version}, {engine.commit})  cpus: {os.cpu_count()}")
-    print(f"auto picks: {auto.label} ({auto.reason})")
     with tempfile.TemporaryDirectory() as tmp:
-        off = measure(engine, model, Speculator("none"), args.tokens, args.repeats, Path(tmp))
-        on = measure(engine, model, auto, args.tokens, args.repeats, Path(tmp))
+        _, off = measure(UpOptions(model=args.model, spec="off"), args.tokens, args.repeats, Path(tmp))
+        prep, on = measure(UpOptions(model=args.model, spec="auto"), args.tokens, args.repeats, Path(tmp))
+    e = prep.engine
+    print(f"model: {prep.launch.model.name}  engine: {e.path} ({e.version}, {e.commit})  cpus: {os.cpu_count()}")
+    print(f"auto picks: {prep.launch.speculator.label} ({prep.launch.speculator.reason})")
+    print(f"launch: {' '.join(prep.argv[1:])}")
     print(f"\n{'workload':22s} {'off tok/s':>10s} {'auto tok/s':>11s} {'ratio':>7s} {'accepted/drafted':>18s}")
     for name in off:
         a = statistics.mean(t["predicted_per_second"] for t in off[name])
