@@ -2,7 +2,8 @@
 
 `write_model(path, arch, kv, tensors)`: kv maps keys *without* the "{arch}." prefix when they start with
 "." (".block_count" -> "llama.block_count"); ints are written as UINT32, floats FLOAT32, lists as arrays.
-Tensors are F32 zeros of the given ggml shape (ne0 first) unless a ggml type name is given.
+Tensors are F32 zeros of the given ggml shape (ne0 first) unless a ggml type name is given, or F32 values
+when a numpy array is given.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ VOCAB = ["<unk>", "<s>", "</s>"] + [f"tok{i}" for i in range(29)]
 
 
 def write_model(path: Path, arch: str, kv: dict[str, object],
-                tensors: dict[str, tuple[int, ...] | tuple[tuple[int, ...], str]],
+                tensors: dict[str, tuple[int, ...] | tuple[tuple[int, ...], str] | np.ndarray],
                 vocab: list[str] | None = VOCAB, chat_template: str | None = None) -> Path:
     """Write a GGUF with the given metadata and zero-filled tensors; return its path."""
     w = GGUFWriter(str(path), arch)
@@ -44,6 +45,9 @@ def write_model(path: Path, arch: str, kv: dict[str, object],
     if chat_template is not None:
         w.add_chat_template(chat_template)
     for name, spec in tensors.items():
+        if isinstance(spec, np.ndarray):  # given values (numpy order: the last axis is ne0)
+            w.add_tensor(name, spec.astype(np.float32))
+            continue
         if spec and isinstance(spec[0], tuple):
             shape, type_name = spec  # type: ignore[misc]
         else:
@@ -91,3 +95,68 @@ def tiny_llama(path: Path, n_layer: int = 2, chat_template: str | None = None) -
           ".attention.layer_norm_rms_epsilon": 1e-5, ".rope.dimension_count": 16,
           ".rope.freq_base": 10000.0, "general.name": "tiny llama", "general.file_type": 0}
     return write_model(path, "llama", kv, tensors, chat_template=chat_template)
+
+
+def successor_weights(n_vocab: int, n_embd: int, first: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """(token_embd, output) values for a model that, with every block's output at zero, predicts
+    next(t) = the token after t in the cycle first..n_vocab-1 (never BOS/EOS): one-hot embeddings,
+    and the output row of token j is the embedding of its predecessor."""
+    assert n_vocab <= n_embd
+    embd = np.eye(n_vocab, n_embd, dtype=np.float32)
+    out = np.zeros((n_vocab, n_embd), dtype=np.float32)
+    for t in range(n_vocab):
+        nxt = first + (t - first + 1) % (n_vocab - first) if t >= first else first
+        out[nxt] += embd[t]
+    return embd, out
+
+
+def tiny_glm4moe_mtp(path: Path, n_layer: int = 2, vocab: list[str] | None = VOCAB) -> Path:
+    """A small GLM-4.5-style model (`glm4moe`) with one NextN/MTP block, loadable with `--spec-type draft-mtp`.
+
+    The trunk is dense (leading_dense_block_count = n_layer); the MTP block is the last block and, as
+    llama.cpp's glm4moe MTP graph requires (src/models/glm4-moe.cpp), a MoE block with a shared expert.
+    Attention and FFN outputs are zero, so the trunk predicts `successor_weights`' next token from the last
+    token alone; the MTP head's eh_proj passes the (normed) embedding of the token it is given straight
+    through, so it predicts the same function one step ahead: its drafts are the target's own choices.
+    """
+    n_embd, n_head, n_head_kv, head_dim, n_ff, n_expert, n_ff_exp = 64, 4, 2, 16, 128, 2, 32
+    n_vocab = len(vocab or VOCAB)
+    embd, out = successor_weights(n_vocab, n_embd)
+    eh_proj = np.zeros((n_embd, 2 * n_embd), dtype=np.float32)
+    eh_proj[:, :n_embd] = np.eye(n_embd)  # concat(enorm(embedding), hnorm(h)) -> the embedding part
+    ones = np.ones(n_embd, dtype=np.float32)
+    tensors: dict = {"token_embd.weight": embd, "output_norm.weight": ones, "output.weight": out}
+    for i in range(n_layer + 1):
+        tensors.update({
+            f"blk.{i}.attn_norm.weight": (n_embd,),
+            f"blk.{i}.attn_q.weight": (n_embd, n_head * head_dim),
+            f"blk.{i}.attn_k.weight": (n_embd, n_head_kv * head_dim),
+            f"blk.{i}.attn_v.weight": (n_embd, n_head_kv * head_dim),
+            f"blk.{i}.attn_output.weight": (n_head * head_dim, n_embd),
+            f"blk.{i}.post_attention_norm.weight": (n_embd,),
+        })
+        if i < n_layer:
+            tensors.update({f"blk.{i}.ffn_gate.weight": (n_embd, n_ff), f"blk.{i}.ffn_up.weight": (n_embd, n_ff),
+                            f"blk.{i}.ffn_down.weight": (n_ff, n_embd)})
+        else:
+            tensors.update({
+                f"blk.{i}.ffn_gate_inp.weight": (n_embd, n_expert),
+                f"blk.{i}.exp_probs_b.bias": (n_expert,),
+                f"blk.{i}.ffn_gate_exps.weight": (n_embd, n_ff_exp, n_expert),
+                f"blk.{i}.ffn_up_exps.weight": (n_embd, n_ff_exp, n_expert),
+                f"blk.{i}.ffn_down_exps.weight": (n_ff_exp, n_embd, n_expert),
+                f"blk.{i}.ffn_gate_shexp.weight": (n_embd, n_ff_exp),
+                f"blk.{i}.ffn_up_shexp.weight": (n_embd, n_ff_exp),
+                f"blk.{i}.ffn_down_shexp.weight": (n_ff_exp, n_embd),
+                f"blk.{i}.nextn.eh_proj.weight": eh_proj,
+                f"blk.{i}.nextn.enorm.weight": ones,
+                f"blk.{i}.nextn.hnorm.weight": ones,
+                f"blk.{i}.nextn.shared_head_norm.weight": ones,
+            })
+    kv = {".context_length": 2048, ".embedding_length": n_embd, ".block_count": n_layer + 1,
+          ".nextn_predict_layers": 1, ".feed_forward_length": n_ff, ".attention.head_count": n_head,
+          ".attention.head_count_kv": n_head_kv, ".attention.layer_norm_rms_epsilon": 1e-5,
+          ".rope.dimension_count": head_dim, ".rope.freq_base": 10000.0, ".expert_count": n_expert,
+          ".expert_used_count": 1, ".expert_shared_count": 1, ".expert_feed_forward_length": n_ff_exp,
+          ".leading_dense_block_count": n_layer, "general.name": "tiny glm4moe mtp", "general.file_type": 0}
+    return write_model(path, "glm4moe", kv, tensors, vocab=vocab)
