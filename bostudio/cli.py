@@ -60,6 +60,130 @@ def cmd_default_model(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- devices and plan
+
+def _engine_for_devices(explicit: str | None):  # type: ignore[no-untyped-def]
+    """The llama-server whose --list-devices cross-checks the probes: --engine, LLAMA_SERVER, or
+    the engine bostudio would choose (when engine discovery is available)."""
+    import os
+    from pathlib import Path
+
+    if explicit:
+        return Path(explicit)
+    if os.environ.get("LLAMA_SERVER"):
+        return Path(os.environ["LLAMA_SERVER"])
+    try:
+        from bostudio.engine.discover import choose_engine, discover_engines  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    engines = discover_engines()
+    chosen = choose_engine(engines) if engines else None
+    return getattr(chosen, "server", None) or getattr(chosen, "path", None)
+
+
+def _local_devices(engine: str | None):  # type: ignore[no-untyped-def]
+    from bostudio.hardware import discover_devices, run_list_devices
+
+    server = _engine_for_devices(engine)
+    text = None
+    problems: list[str] = []
+    if server is not None:
+        try:
+            text = run_list_devices(server)
+        except Exception as exc:  # the engine's view is a cross-check; the probes stand without it
+            problems.append(f"engine: {server} --list-devices failed ({exc})")
+    result = discover_devices(list_devices_text=text)
+    return result.devices, tuple(problems) + result.problems, server
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    from bostudio.planner.render import _size
+
+    devices, problems, server = _local_devices(args.engine)
+    if args.json:
+        _print_json({"devices": [d.to_json() for d in devices], "problems": list(problems),
+                     "engine": str(server) if server else None})
+        return 0
+    for d in devices:
+        free = _size(d.free_bytes).strip() if d.free_bytes is not None else "unknown"
+        bw = f"{d.bandwidth_gbs:.0f} GB/s" if d.bandwidth_gbs else "unknown"
+        print(f"{d.label:<10} {d.vendor:<7} {d.backend:<7} {d.name}")
+        print(f"           total {_size(d.total_bytes).strip()}, free {free}, "
+              f"{'unified' if d.unified else 'dedicated'}, driver {d.driver or 'unknown'}, "
+              f"bandwidth {bw}  (from {d.source})")
+    for p in problems:
+        print(f"note: {p}")
+    if server is None:
+        print("note: no llama-server found to cross-check with (--engine PATH or LLAMA_SERVER)")
+    return 0
+
+
+def _resolve_model(name: str):  # type: ignore[no-untyped-def]
+    """A local GGUF path; else the catalog's resolver, once the catalog offers one."""
+    from pathlib import Path
+
+    from bostudio.errors import ModelError
+    from bostudio.gguf import describe
+
+    path = Path(name).expanduser()
+    if path.is_file():
+        return describe(path)
+    try:
+        from bostudio.catalog import resolve  # type: ignore[attr-defined]
+    except ImportError:
+        raise ModelError(f"no such model file: {name}",
+                         "give a path to a .gguf file (catalog names and REPO:QUANT come with the catalog)") from None
+    return describe(resolve(name))
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from bostudio.errors import ConfigError
+    from bostudio.hardware import load_devices_file
+    from bostudio.planner import Intent, Speculator, plan
+    from bostudio.planner.memory import GIB, cache_type
+    from bostudio.planner.render import plan_json, render_plan
+
+    model = _resolve_model(args.model)
+    cache_type(args.cache_type)
+    cache_type(args.draft_cache_type)
+    if args.devices_file:
+        devices = load_devices_file(Path(args.devices_file))
+    else:
+        devices, _problems, _server = _local_devices(args.engine)
+    if args.device:
+        wanted = {w.strip() for w in args.device.split(",") if w.strip()}
+        picked = tuple(d for d in devices if not d.is_gpu or d.label in wanted or d.name in wanted)
+        missing = wanted - {d.label for d in picked} - {d.name for d in picked}
+        if missing:
+            raise ConfigError(f"no device named {sorted(missing)[0]!r}",
+                              f"devices: {', '.join(d.label for d in devices)}")
+        devices = picked
+    spec_mode = args.spec_mode
+    spec = args.spec
+    if spec == "off":
+        speculator, spec_mode = Speculator("none"), "off"
+    elif spec == "auto":
+        speculator = Speculator("mtp", n_max=3) if model.n_nextn and model.has_mtp else Speculator("ngram")
+    elif spec in ("ngram", "mtp"):
+        speculator = Speculator(spec, n_max=3 if spec == "mtp" else 16)
+    elif spec.startswith("draft:"):
+        speculator = Speculator("draft", draft=_resolve_model(spec[len("draft:"):]),
+                                cache_type_k=args.draft_cache_type, cache_type_v=args.draft_cache_type)
+    else:
+        raise ConfigError(f"--spec {spec!r} is not one of auto, off, ngram, mtp, draft:PATH")
+    intent = Intent(ctx=args.ctx, min_ctx=args.min_ctx, speculation=spec_mode,
+                    cache_type_k=args.cache_type, cache_type_v=args.cache_type,
+                    n_parallel=args.parallel, reserve=int(args.reserve_gib * GIB))
+    p = plan(model, devices, intent, speculator)
+    if args.json:
+        _print_json(plan_json(p))
+    else:
+        print(render_plan(p))
+    return 0 if p.chosen.fits else 1
+
+
 # ---------------------------------------------------------------- up
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -93,6 +217,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default=None, metavar="PATH",
                    help="llama-server binary to use (default: the best one found, see `engine list`)")
     p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("devices", help="list GPUs and host memory",
+                       description="Probe every GPU vendor (NVIDIA via NVML, AMD via amdsmi or sysfs, "
+                                   "Intel via sysfs or xpu-smi, Apple via sysctl) and host RAM, and "
+                                   "cross-check with the engine's `llama-server --list-devices`. A vendor "
+                                   "that cannot be read is a note, never an error.")
+    p.add_argument("--json", action="store_true", help="print JSON (usable as plan --devices-file)")
+    p.add_argument("--engine", default=None, metavar="PATH",
+                   help="llama-server to cross-check with (default: LLAMA_SERVER or the chosen engine)")
+    p.set_defaults(func=cmd_devices)
+
+    p = sub.add_parser("plan", help="plan memory: context, offload, and the draft-vs-context trade-off",
+                       description="Predict what MODEL needs on each device (weights, KV cache, recurrent "
+                                   "state, compute and output buffers, the speculator's share) from its GGUF "
+                                   "header, find the largest context and offload that fit with the "
+                                   "speculator and without it, and choose. Exits 1 when nothing fits.")
+    p.add_argument("model", metavar="MODEL", help="a GGUF file")
+    p.add_argument("--ctx", type=int, default=None, metavar="N",
+                   help="plan exactly this context (default: as large as fits, up to the training context)")
+    p.add_argument("--min-ctx", type=int, default=32768, metavar="N",
+                   help="context the speculator must leave in auto mode (default 32768, capped at training)")
+    p.add_argument("--cache-type", default="f16", metavar="TYPE",
+                   help="KV cache type for -ctk/-ctv: f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1, f32 "
+                        "(default f16)")
+    p.add_argument("--draft-cache-type", default="f16", metavar="TYPE",
+                   help="the draft's KV cache type for -ctkd/-ctvd (default f16, llama.cpp's default)")
+    p.add_argument("--spec", default="auto", metavar="SPEC",
+                   help="auto | off | ngram | mtp | draft:PATH (default auto: the model's MTP head if it "
+                        "has one, else n-gram)")
+    p.add_argument("--spec-mode", choices=("auto", "on", "off"), default="auto",
+                   help="auto: keep the speculator only if the minimum context still fits (default); "
+                        "on: keep it or fail; off: plan without it")
+    p.add_argument("--parallel", type=int, default=4, metavar="N", help="server slots, -np (default 4)")
+    p.add_argument("--reserve-gib", type=float, default=1.0, metavar="G",
+                   help="memory kept free on every device, GiB (default 1)")
+    p.add_argument("--device", default=None, metavar="NAMES",
+                   help="only these GPUs (comma-separated labels like CUDA0 or nvidia0; host RAM always counts)")
+    p.add_argument("--devices-file", default=None, metavar="FILE",
+                   help="plan for the devices in this JSON file (from `devices --json`, or hand-written: "
+                        "[{\"vendor\": \"nvidia\", \"backend\": \"cuda\", \"name\": \"RTX 4090\", "
+                        "\"total_gib\": 24}, {\"vendor\": \"cpu\", \"backend\": \"cpu\", \"name\": \"host\", "
+                        "\"total_gib\": 64}])")
+    p.add_argument("--engine", default=None, metavar="PATH", help="llama-server for the device cross-check")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("engine", help="build and list llama-server engines",
                        description="Build llama-server from the pinned llama.cpp source, or list the "

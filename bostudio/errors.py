@@ -7,8 +7,9 @@ the CLI prints its message and hint on one line each and exits non-zero, never a
     │   └── GGUFFormatError  a file is not a readable GGUF (truncated, crafted, ...)
     ├── EngineError          no usable llama-server, a failed probe
     │   └── BuildError       building llama.cpp failed or a toolchain is missing
-    └── ServerError          llama-server did not start, crashed or misbehaved
-        └── PortInUseError   the port we were asked to bind is taken
+    ├── ServerError          llama-server did not start, crashed or misbehaved
+    │   └── PortInUseError   the port we were asked to bind is taken
+    └── PlanError            a model (and speculator) cannot be planned onto the devices
 """
 
 from __future__ import annotations
@@ -54,3 +55,7 @@ class ServerError(BostudioError):
 
 class PortInUseError(ServerError):
     title = "port in use"
+
+
+class PlanError(BostudioError):
+    title = "plan error"

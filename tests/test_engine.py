@@ -10,9 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from bostudio.engine.argv import LaunchSpec, build_argv
-from bostudio.engine.build import build_engine, cache_key
+from bostudio.engine.build import backend_flags, build_engine, cache_key
 from bostudio.engine.discover import Engine, EngineDevice, choose_engine, parse_devices, parse_help, parse_version
+from bostudio.errors import BuildError
 from bostudio.speculation import Speculator
 
 CUDA_LIST_DEVICES = """\
@@ -105,3 +108,29 @@ def test_argv_spec_types() -> None:
     assert draft[draft.index("-md") + 1] == "/d.gguf"
     assert draft[draft.index("--spec-draft-n-max") + 1] == "8"
     assert "--host" in draft and draft[draft.index("--host") + 1] == "127.0.0.1"
+
+
+@pytest.mark.parametrize("backend, needle", [
+    ("cuda", "CUDA Toolkit"),
+    ("hip", "ROCm"),
+    ("sycl", "oneAPI"),
+    ("vulkan", "Vulkan SDK"),
+    ("metal", "macOS"),
+])
+def test_missing_toolchain_is_named(backend: str, needle: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("bostudio.engine.build.ROCM_DIRS", ())
+    monkeypatch.setattr("bostudio.engine.build.VULKAN_HEADERS", ())
+    with pytest.raises(BuildError) as err:
+        backend_flags(backend, env={"PATH": "/nonexistent"})
+    assert needle in err.value.hint or needle in err.value.message
+
+
+def test_backend_flags_with_toolchain(tmp_path: Path) -> None:
+    fake_nvcc = tmp_path / "nvcc"
+    fake_nvcc.write_text("#!/bin/sh\n")
+    fake_nvcc.chmod(0o755)
+    flags, _ = backend_flags("cuda", env={"PATH": str(tmp_path)})
+    assert "-DGGML_CUDA=ON" in flags and f"-DCMAKE_CUDA_COMPILER={fake_nvcc}" in flags
+    # No nvidia-smi: no GPU to detect, so the architectures are named instead of "native".
+    assert any(f.startswith("-DCMAKE_CUDA_ARCHITECTURES=") for f in flags)
+    assert backend_flags("cpu", env={})[0] == []

@@ -45,6 +45,10 @@ TARGETS = ("llama-server", "llama-quantize", "llama-fit-params", "test-llama-arc
 
 MANIFEST = "engine.json"
 
+# Where toolkits install off PATH.
+ROCM_DIRS: tuple[str, ...] = ("/opt/rocm/bin",)
+VULKAN_HEADERS: tuple[Path, ...] = (Path("/usr/include/vulkan/vulkan.h"),)
+
 
 def _which_any(names: tuple[str, ...], env: dict[str, str], extra_dirs: tuple[str, ...] = ()) -> str | None:
     """The first of `names` on env's PATH or in `extra_dirs` (toolkits that install off PATH)."""
@@ -79,7 +83,7 @@ def backend_flags(backend: str, env: dict[str, str] | None = None) -> tuple[list
             flags.append("-DCMAKE_CUDA_ARCHITECTURES=75-virtual;80-virtual;86-real;89-real;90-real")
         return flags, extra_env
     if backend == "hip":
-        rocm = tuple(f"{env[v]}/bin" for v in ("ROCM_PATH",) if env.get(v)) + ("/opt/rocm/bin",)
+        rocm = tuple(f"{env[v]}/bin" for v in ("ROCM_PATH",) if env.get(v)) + ROCM_DIRS
         hipconfig = _which_any(("hipconfig",), env, rocm)
         if not hipconfig or not _which_any(("hipcc",), env, rocm):
             raise BuildError("the HIP (ROCm) backend needs hipcc and hipconfig, and they were not found",
@@ -110,7 +114,7 @@ def backend_flags(backend: str, env: dict[str, str] | None = None) -> tuple[list
         missing = []
         if not _which_any(("glslc",), env):
             missing.append("glslc (shader compiler)")
-        headers = [Path("/usr/include/vulkan/vulkan.h")]
+        headers = list(VULKAN_HEADERS)
         if env.get("VULKAN_SDK"):
             headers.append(Path(env["VULKAN_SDK"]) / "include" / "vulkan" / "vulkan.h")
         if not any(h.exists() for h in headers):
@@ -136,7 +140,7 @@ def detect_backend(env: dict[str, str] | None = None) -> str:
             gpus = ""
         if "GPU" in gpus and (env.get("CUDACXX") or _which_any(("nvcc",), env)):
             return "cuda"
-    if Path("/dev/kfd").exists() and _which_any(("hipcc",), env, ("/opt/rocm/bin",)):
+    if Path("/dev/kfd").exists() and _which_any(("hipcc",), env, ROCM_DIRS):
         return "hip"
     return "cpu"
 
@@ -214,7 +218,7 @@ class Progress:
         pct = int(100 * done / max(total, 1))
         elapsed = time.monotonic() - self.start
         eta = ""
-        if done > 0 and pct < 100:
+        if pct >= 5 and pct < 100:  # before that, the estimate is noise
             eta = f", about {int(elapsed * (total - done) / done / 60) + 1} min left"
         line = f"building llama.cpp: {pct:3d}% ({done}/{total}) {int(elapsed)}s{eta}"
         if self.tty:

@@ -96,6 +96,9 @@ class ModelInfo:
     tokenizer: TokenizerInfo
     has_chat_template: bool
     chat_template_names: tuple[str, ...]  # named templates (tokenizer.chat_template.<name>)
+    # Bytes of 2-D weights other than token_embd, per ggml type name ("Q4_K"): the planner needs them
+    # because llama.cpp's CPU backend keeps a second, repacked copy of some types (CPU_REPACK).
+    matmul_bytes_by_type: tuple[tuple[str, int], ...] = ()
     chat_template: str | None = field(default=None, repr=False)  # raw text: never render it; escape to show
 
     @property
@@ -194,6 +197,14 @@ def _sizes(header: Header, n_block: int) -> tuple[tuple[int, ...], int, int, int
         else:
             other += t.n_bytes
     return tuple(layers), embd, output, other, total, params
+
+
+def _matmul_bytes_by_type(header: Header) -> tuple[tuple[str, int], ...]:
+    by_type: dict[str, int] = {}
+    for t in header.tensors:
+        if len(t.shape) >= 2 and not t.name.startswith("token_embd."):
+            by_type[t.type_name] = by_type.get(t.type_name, 0) + t.n_bytes
+    return tuple(sorted(by_type.items()))
 
 
 def _quant(header: Header, file_type: int | None) -> str:
@@ -353,6 +364,7 @@ def describe_header(header: Header) -> ModelInfo:
         n_params=params, file_type=file_type, quant=_quant(header, file_type),
         file_size=header.file_size, tensor_bytes=total, layer_bytes=layer_bytes,
         token_embd_bytes=embd, output_bytes=output, other_bytes=other,
+        matmul_bytes_by_type=_matmul_bytes_by_type(header),
         n_block=n_block, n_layer=n_layer, n_nextn=n_nextn, n_embd=n_embd, n_ff=n_ff,
         n_head=n_head, n_head_kv=n_head_kv, head_dim_k=head_k, head_dim_v=head_v,
         head_dim_k_swa=_uint(header, k + "attention.key_length_swa", head_k),

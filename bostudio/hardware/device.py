@@ -1,0 +1,110 @@
+"""The one shape every hardware probe returns: a Device, plus the problems a probe met.
+
+Unknown is a value, not an exception: a field a source cannot tell is None and prints as "unknown".
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from bostudio.errors import ConfigError
+
+VENDORS = ("nvidia", "amd", "intel", "apple", "cpu", "other")
+# Backends as llama.cpp names its devices: CUDA0, ROCm0, SYCL0, Vulkan0, MTL0; "cpu" is host RAM.
+BACKENDS = ("cuda", "rocm", "sycl", "vulkan", "metal", "musa", "cpu", "unknown")
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+
+@dataclass(frozen=True)
+class Device:
+    """One memory pool llama.cpp can put weights and caches in.
+
+    total/free are bytes; free None = unknown (plan against total then). unified = the GPU shares
+    system RAM (Apple Silicon, iGPUs); such a device and the host RAM are one budget, not two.
+    """
+
+    vendor: str
+    backend: str
+    name: str
+    index: int = 0
+    total_bytes: int = 0
+    free_bytes: int | None = None
+    unified: bool = False
+    driver: str | None = None
+    bandwidth_gbs: float | None = None
+    source: str = "unknown"
+    engine_name: str | None = None  # the engine's name for it ("CUDA0"), once cross-checked
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.vendor != "cpu"
+
+    @property
+    def usable_bytes(self) -> int:
+        """What a plan may count on: free memory when known, else the total."""
+        return self.free_bytes if self.free_bytes is not None else self.total_bytes
+
+    @property
+    def label(self) -> str:
+        """Short stable name: the engine's device name when known, else vendor+index."""
+        if self.engine_name:
+            return self.engine_name
+        return "CPU" if self.vendor == "cpu" else f"{self.vendor}{self.index}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def with_(self, **changes: Any) -> "Device":
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What a probe (or all of them) found: devices, and why some source said nothing."""
+
+    devices: tuple[Device, ...] = ()
+    problems: tuple[str, ...] = field(default=())
+
+    def __add__(self, other: "ProbeResult") -> "ProbeResult":
+        return ProbeResult(self.devices + other.devices, self.problems + other.problems)
+
+
+_FIELDS = {f for f in Device.__dataclass_fields__}
+
+
+def device_from_json(data: dict[str, Any], where: str = "devices file") -> Device:
+    """Build a Device from a JSON object (as `bostudio devices --json` prints, or hand-written).
+
+    Accepts `total_gib`/`free_gib` as a convenience for planning another machine
+    ("a 24 GiB GPU": {"vendor": "nvidia", "backend": "cuda", "name": "RTX 4090", "total_gib": 24}).
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: each device must be a JSON object, got {type(data).__name__}")
+    known = _FIELDS | {"total_gib", "free_gib", "usable_bytes", "is_gpu", "label"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        import difflib
+
+        near = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+        raise ConfigError(f"{where}: unknown device key {unknown[0]!r}",
+                          f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(sorted(known))}")
+    values = {k: v for k, v in data.items() if k in _FIELDS}
+    if "total_gib" in data:
+        values["total_bytes"] = int(float(data["total_gib"]) * GIB)
+    if "free_gib" in data:
+        values["free_bytes"] = int(float(data["free_gib"]) * GIB)
+    for key in ("vendor", "backend", "name"):
+        if key not in values:
+            raise ConfigError(f"{where}: a device needs {key!r}", "e.g. {\"vendor\": \"nvidia\", "
+                              "\"backend\": \"cuda\", \"name\": \"RTX 4090\", \"total_gib\": 24}")
+    if values["vendor"] not in VENDORS:
+        raise ConfigError(f"{where}: unknown vendor {values['vendor']!r}", f"one of {', '.join(VENDORS)}")
+    if values["backend"] not in BACKENDS:
+        raise ConfigError(f"{where}: unknown backend {values['backend']!r}", f"one of {', '.join(BACKENDS)}")
+    if int(values.get("total_bytes", 0)) <= 0:
+        raise ConfigError(f"{where}: device {values['name']!r} has no memory size",
+                          "give total_bytes or total_gib")
+    return Device(**values)

@@ -1,0 +1,53 @@
+"""Run every probe; one vendor failing never hides the others."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+from bostudio.hardware.amd import probe_amd
+from bostudio.hardware.apple import probe_apple
+from bostudio.hardware.cpu import probe_cpu
+from bostudio.hardware.device import ProbeResult
+from bostudio.hardware.intel import probe_intel
+from bostudio.hardware.listdevices import cross_check, parse_list_devices
+from bostudio.hardware.nvidia import probe_nvidia
+
+Runner = Callable[[list[str]], str]
+
+
+def run_tool(argv: list[str], timeout: float = 10.0) -> str:
+    """Run a vendor tool and return its stdout; FileNotFoundError when it is not installed."""
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False).stdout
+
+
+def discover_devices(*, nvml: ModuleType | None = None, amdsmi: ModuleType | None = None,
+                     ps: ModuleType | None = None, root: Path = Path("/"), run: Runner = run_tool,
+                     system: str | None = None, list_devices_text: str | None = None) -> ProbeResult:
+    """Every device on this machine: GPUs per vendor, then host RAM, cross-checked with the
+    engine's `--list-devices` text when given. Each argument is a seam the tests fill with
+    recorded output; the defaults read the real machine."""
+    system = system or platform.system()
+    probes: list[tuple[str, Callable[[], ProbeResult]]] = [("nvidia", lambda: probe_nvidia(nvml))]
+    if system == "Linux":
+        probes += [("amd", lambda: probe_amd(amdsmi, root)), ("intel", lambda: probe_intel(root, run))]
+    if system == "Darwin":
+        probes.append(("apple", lambda: probe_apple(run)))
+    probes.append(("cpu", lambda: probe_cpu(ps)))
+    result = ProbeResult()
+    for vendor, probe in probes:
+        try:
+            result = result + probe()
+        except Exception as exc:  # a bug or surprise in one probe is a note, not a crash
+            result = result + ProbeResult(problems=(f"{vendor}: probe failed ({type(exc).__name__}: {exc})",))
+    if list_devices_text is not None:
+        listed = parse_list_devices(list_devices_text)
+        if listed is None:
+            result = result + ProbeResult(problems=("engine: --list-devices printed no device list",))
+        else:
+            checked = cross_check(result.devices, listed)
+            result = ProbeResult(checked.devices, result.problems + checked.problems)
+    return result

@@ -1,0 +1,414 @@
+"""Fit and trade-off: the largest context and offload that fit, with the speculator and without it.
+
+Pure: devices, models and intent in, a Plan out. The memory figures come from planner.memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Iterable
+
+from bostudio.errors import PlanError
+from bostudio.hardware.device import Device
+from bostudio.planner.memory import (GIB, MIB, ContextSettings, compute_buffer_bytes, cpu_repack_bytes,
+                                     host_weight_bytes, kv_cache_bytes, max_gpu_layers,
+                                     output_buffer_bytes, platform_overhead, recurrent_state_bytes,
+                                     weight_split)
+
+if TYPE_CHECKING:
+    from bostudio.gguf.describe import ModelInfo
+
+SPEC_KINDS = ("none", "ngram", "draft", "mtp")
+NGRAM_MOD_BYTES = 4194304 * 4  # ngram-mod's hash table: "mod size=4194304 (16.000 MB)", host RAM
+DEFAULT_MIN_CTX = 32768
+
+
+@dataclass(frozen=True)
+class Speculator:
+    """What the planner needs to know about a speculator: its kind, the draft model for `draft`,
+    the draft length and the draft context's own cache types (-ctkd/-ctvd default f16)."""
+
+    kind: str = "none"
+    draft: "ModelInfo | None" = None
+    n_max: int = 16
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+
+    def __post_init__(self) -> None:
+        if self.kind not in SPEC_KINDS:
+            raise PlanError(f"unknown speculator {self.kind!r}", f"one of {', '.join(SPEC_KINDS)}")
+        if self.kind == "draft" and self.draft is None:
+            raise PlanError("a draft speculator needs a draft model")
+
+    @property
+    def label(self) -> str:
+        if self.kind == "draft" and self.draft is not None:
+            return f"draft {self.draft.path.name}"
+        return {"none": "no speculation", "ngram": "n-gram (ngram-mod)", "mtp": "MTP head"}.get(self.kind, self.kind)
+
+
+NO_SPEC = Speculator("none")
+
+
+@dataclass(frozen=True)
+class Intent:
+    """What the user asked for. ctx: an exact context (None: as large as fits, up to the training
+    context); min_ctx: what `auto` must keep with the draft (capped at the training context);
+    speculation: auto | on | off; reserve: bytes kept free on every device."""
+
+    ctx: int | None = None
+    min_ctx: int = DEFAULT_MIN_CTX
+    speculation: str = "auto"
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    n_parallel: int = 4
+    n_ubatch: int = 512
+    n_batch: int = 2048
+    flash_attn: bool = True
+    reserve: int = 1 * GIB  # like llama.cpp's --fit-target 1024 MiB
+    max_ctx: int | None = None  # an upper bound for the search (None: the training context)
+
+    def __post_init__(self) -> None:
+        if self.speculation not in ("auto", "on", "off"):
+            raise PlanError(f"speculation must be auto, on or off, not {self.speculation!r}")
+
+
+@dataclass(frozen=True)
+class Use:
+    """Bytes one component takes on one device."""
+
+    device: str
+    component: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class PlanOption:
+    """One candidate: a speculator with the context and offload found for it."""
+
+    speculator: Speculator
+    fits: bool
+    n_ctx: int
+    n_gpu_layers: int
+    n_gpu_layers_draft: int
+    uses: tuple[Use, ...]
+    budgets: tuple[tuple[str, int], ...]
+    reason: str = ""
+
+    def device_bytes(self, device: str) -> int:
+        return sum(u.bytes for u in self.uses if u.device == device)
+
+    @property
+    def total(self) -> int:
+        return sum(u.bytes for u in self.uses)
+
+    def component_bytes(self, prefix: str) -> int:
+        return sum(u.bytes for u in self.uses if u.component.startswith(prefix))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The planner's answer: both options, the choice and why, and what the draft costs."""
+
+    model: "ModelInfo"
+    devices: tuple[Device, ...]
+    intent: Intent
+    with_spec: PlanOption | None
+    without_spec: PlanOption
+    chosen: PlanOption
+    why: str
+    spec_cost_bytes: int = 0
+    spec_cost_tokens: int = 0
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def cost_line(self) -> str:
+        if self.with_spec is None:
+            return ""
+        return (f"the {self.with_spec.speculator.label} costs {self.spec_cost_bytes / GIB:.2f} GiB "
+                f"= {self.spec_cost_tokens} tokens of context")
+
+    def llama_args(self) -> list[str]:
+        """llama-server flags for the chosen option (the caller adds -m, --port, ...).
+        `--fit off`: this plan is the fit, llama.cpp must not shrink it again."""
+        o, i = self.chosen, self.intent
+        args = ["-c", str(o.n_ctx), "-ngl", str(o.n_gpu_layers), "-np", str(i.n_parallel),
+                "-ctk", i.cache_type_k, "-ctv", i.cache_type_v, "-fit", "off"]
+        if i.cache_type_v != "f16" or not i.flash_attn:
+            args += ["-fa", "on" if i.flash_attn else "off"]
+        spec = o.speculator
+        if spec.kind == "draft" and spec.draft is not None:
+            args += ["-md", str(spec.draft.path), "--spec-type", "draft-simple",
+                     "--spec-draft-n-max", str(spec.n_max), "-ngld", str(o.n_gpu_layers_draft),
+                     "-ctkd", spec.cache_type_k, "-ctvd", spec.cache_type_v]
+        elif spec.kind == "mtp":
+            args += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(spec.n_max),
+                     "-ctkd", spec.cache_type_k, "-ctvd", spec.cache_type_v]
+        elif spec.kind == "ngram":
+            args += ["--spec-type", "ngram-mod"]
+        return args
+
+
+# ---------------------------------------------------------------- memory of one configuration
+
+def _settings(model: "ModelInfo", intent: Intent, spec: Speculator, n_ctx: int) -> ContextSettings:
+    drafting = spec.kind in ("draft", "mtp")
+    n_outputs = min(intent.n_batch, intent.n_parallel * (1 + spec.n_max)) if drafting else 0
+    return ContextSettings(
+        n_ctx=n_ctx, n_parallel=intent.n_parallel, kv_unified=True, n_batch=intent.n_batch,
+        n_ubatch=intent.n_ubatch, cache_type_k=intent.cache_type_k, cache_type_v=intent.cache_type_v,
+        flash_attn=intent.flash_attn, n_rs_seq=spec.n_max if spec.kind == "mtp" else 0,
+        n_outputs_max=n_outputs)
+
+
+def _spread(total: int, gpus: list[Device], component: str) -> list[Use]:
+    """Split bytes over GPUs in proportion to their usable memory (llama.cpp's default split)."""
+    if not gpus or total == 0:
+        return []
+    weights = [max(1, g.usable_bytes) for g in gpus]
+    s = sum(weights)
+    out, left = [], total
+    for k, (g, w) in enumerate(zip(gpus, weights)):
+        part = left if k == len(gpus) - 1 else total * w // s
+        left -= part
+        out.append(Use(g.label, component, part))
+    return out
+
+
+def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, spec: Speculator,
+                n_ctx: int, n_gpu_layers: int) -> tuple[list[Use], int]:
+    """Every component's bytes on every device for one configuration; also the draft's -ngld."""
+    devs = list(devices)
+    gpus = [d for d in devs if d.is_gpu]
+    host = next((d.label for d in devs if not d.is_gpu), "CPU")
+    if not gpus:
+        n_gpu_layers = 0
+    s = _settings(model, intent, spec, n_ctx)
+    mtp = spec.kind == "mtp"
+    uses: list[Use] = []
+    n_all = model.n_block if mtp else model.n_layer
+    full = n_gpu_layers >= n_all + 1
+
+    # target weights
+    if n_gpu_layers == 0:
+        uses.append(Use(host, "weights", host_weight_bytes(model, load_nextn=mtp)))
+        uses.append(Use(host, "weights (CPU repack)", cpu_repack_bytes(model)))
+    else:
+        ws = weight_split(model, n_gpu_layers, load_nextn=mtp)
+        uses += _spread(ws.gpu, gpus, "weights")
+        uses.append(Use(host, "weights", ws.cpu))
+        share = ws.gpu_layers / max(1, n_all)
+        uses.append(Use(host, "weights (CPU repack)", cpu_repack_bytes(model, 1 - share)))
+    # target KV / recurrent: on the device of their layer
+    start = n_all + 1 - n_gpu_layers
+    kv = kv_cache_bytes(model, s)
+    rs = recurrent_state_bytes(model, s)
+    frac = (sum(1 for il in range(model.n_layer) if il >= start) / model.n_layer) if model.n_layer else 0
+    for comp, total in (("KV cache", kv.total), ("recurrent state", rs)):
+        on_gpu = int(total * frac)
+        uses += _spread(on_gpu, gpus, comp)
+        uses.append(Use(host, comp, total - on_gpu))
+    compute = compute_buffer_bytes(model, s)
+    host_compute = min(s.n_ubatch, s.n_ctx) * model.n_embd * 4 * 2
+    if n_gpu_layers and gpus:
+        uses.append(Use(gpus[0].label, "compute buffer", compute))
+        uses.append(Use(host, "compute buffer", host_compute))
+    else:
+        uses.append(Use(host, "compute buffer", compute))
+    uses.append(Use(host, "output buffer", output_buffer_bytes(model, s)))
+    for g in gpus if n_gpu_layers else []:
+        uses.append(Use(g.label, "platform overhead", platform_overhead(g.backend)))
+
+    ngld = 0
+    if spec.kind == "draft" and spec.draft is not None:
+        d = spec.draft
+        ds = replace(s, cache_type_k=spec.cache_type_k, cache_type_v=spec.cache_type_v,
+                     n_rs_seq=0, n_outputs_max=0)
+        dev = gpus[0].label if (gpus and full) else host
+        ngld = max_gpu_layers(d, include_nextn=False) if dev != host else 0
+        uses.append(Use(dev, "draft weights", host_weight_bytes(d) if dev == host else weight_split(d, ngld).gpu))
+        if dev != host:
+            uses.append(Use(host, "draft weights", weight_split(d, ngld).cpu))
+        else:
+            uses.append(Use(host, "draft weights (CPU repack)", cpu_repack_bytes(d)))
+        uses.append(Use(dev, "draft KV cache", kv_cache_bytes(d, ds).total + recurrent_state_bytes(d, ds)))
+        uses.append(Use(dev, "draft compute buffer", compute_buffer_bytes(d, ds)))
+        uses.append(Use(host, "draft output buffer", output_buffer_bytes(d, ds)))
+    elif mtp and model.n_nextn:
+        ms = replace(s, cache_type_k=spec.cache_type_k, cache_type_v=spec.cache_type_v,
+                     n_rs_seq=0, n_outputs_max=0)
+        nextn = list(range(model.n_layer, model.n_block))
+        dev = gpus[0].label if (gpus and full) else host
+        uses.append(Use(dev, "MTP KV cache", kv_cache_bytes(model, ms, layers=nextn).total))
+        uses.append(Use(dev, "MTP compute buffer", compute_buffer_bytes(model, ms, layers=nextn)))
+        uses.append(Use(host, "MTP output buffer", output_buffer_bytes(model, ms)))
+    elif spec.kind == "ngram":
+        uses.append(Use(host, "n-gram table", NGRAM_MOD_BYTES))
+    return [u for u in uses if u.bytes], ngld
+
+
+def _budgets(devices: Iterable[Device], reserve: int) -> dict[str, int]:
+    return {d.label: max(0, d.usable_bytes - reserve) for d in devices}
+
+
+def _fits(uses: list[Use], devices: list[Device], budgets: dict[str, int]) -> bool:
+    per: dict[str, int] = {}
+    for u in uses:
+        per[u.device] = per.get(u.device, 0) + u.bytes
+    if any(per.get(label, 0) > budget for label, budget in budgets.items()):
+        return False
+    # A unified GPU (Apple, iGPU) draws on the same RAM as the host: both must fit the host too.
+    host = next((d for d in devices if not d.is_gpu), None)
+    if host is not None:
+        shared = sum(per.get(d.label, 0) for d in devices if d.is_gpu and d.unified)
+        if shared and per.get(host.label, 0) + shared > budgets[host.label]:
+            return False
+    return not (set(per) - set(budgets))
+
+
+# ---------------------------------------------------------------- search
+
+CTX_STEP = 256  # llama.cpp pads n_ctx to a multiple of 256
+
+
+def ctx_cap(model: "ModelInfo", intent: Intent) -> int:
+    cap = model.n_ctx_train or 4096
+    if intent.max_ctx:
+        cap = min(cap, intent.max_ctx)
+    return max(CTX_STEP, cap // CTX_STEP * CTX_STEP)
+
+
+def min_ctx_wanted(model: "ModelInfo", intent: Intent) -> int:
+    """The context `auto` insists on: the intent's minimum, never above the training context."""
+    return min(intent.min_ctx, ctx_cap(model, intent))
+
+
+def largest_ctx(model: "ModelInfo", devices: list[Device], intent: Intent, spec: Speculator,
+                n_gpu_layers: int) -> int:
+    """The largest multiple of 256 up to the cap that fits with this offload; 0 if none does.
+    Memory grows with the context, so a binary search finds it."""
+    budgets = _budgets(devices, intent.reserve)
+
+    def ok(c: int) -> bool:
+        return _fits(memory_uses(model, devices, intent, spec, c, n_gpu_layers)[0], devices, budgets)
+
+    lo, hi = 0, ctx_cap(model, intent) // CTX_STEP
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid * CTX_STEP):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * CTX_STEP
+
+
+def fit_option(model: "ModelInfo", devices: Iterable[Device], intent: Intent, spec: Speculator) -> PlanOption:
+    """Most offload first, then the most context: keep every layer on the GPUs while the context
+    still reaches the wanted minimum; otherwise move layers to the host until it does (like
+    llama.cpp's --fit: shrink the context down to its minimum before moving layers)."""
+    devs = list(devices)
+    gpus = [d for d in devs if d.is_gpu]
+    budgets = _budgets(devs, intent.reserve)
+    n_max = max_gpu_layers(model, include_nextn=spec.kind == "mtp")
+    layer_options = list(range(n_max, -1, -1)) if gpus else [0]
+    want = intent.ctx if intent.ctx else min_ctx_wanted(model, intent)
+    best: tuple[int, int] | None = None
+    for ngl in layer_options:
+        if intent.ctx:
+            uses, _ = memory_uses(model, devs, intent, spec, intent.ctx, ngl)
+            if _fits(uses, devs, budgets):
+                best = (intent.ctx, ngl)
+                break
+            continue
+        c = largest_ctx(model, devs, intent, spec, ngl)
+        if c >= want:
+            best = (c, ngl)
+            break
+        if c and (best is None or c > best[0]):
+            best = (c, ngl)
+    if best is None:
+        c = intent.ctx or CTX_STEP
+        uses, ngld = memory_uses(model, devs, intent, spec, c, 0)
+        need = sum(u.bytes for u in uses)
+        return PlanOption(spec, False, c, 0, ngld, tuple(uses), tuple(budgets.items()),
+                          f"does not fit: needs {need / GIB:.2f} GiB at {c} tokens, all on the host")
+    ctx, ngl = best
+    uses, ngld = memory_uses(model, devs, intent, spec, ctx, ngl)
+    reason = "" if ctx >= want else f"only {ctx} tokens fit (wanted {want})"
+    return PlanOption(spec, True, ctx, ngl, ngld, tuple(uses), tuple(budgets.items()), reason)
+
+
+def _bytes_per_token(model: "ModelInfo", devices: list[Device], intent: Intent, option: PlanOption) -> float:
+    """What one more token of context costs in this option (KV, masks, ...), measured on the model."""
+    c = max(option.n_ctx, CTX_STEP)
+    a = sum(u.bytes for u in memory_uses(model, devices, intent, NO_SPEC, c, option.n_gpu_layers)[0])
+    b = sum(u.bytes for u in memory_uses(model, devices, intent, NO_SPEC, c + 16 * CTX_STEP, option.n_gpu_layers)[0])
+    return max(1.0, (b - a) / (16 * CTX_STEP))
+
+
+def plan(model: "ModelInfo", devices: Iterable[Device], intent: Intent = Intent(),
+         speculator: Speculator = NO_SPEC, fallback: Speculator | None = None) -> Plan:
+    """Fit the model with and without the speculator and choose.
+
+    auto keeps the speculator when the context with it still reaches the wanted minimum and the
+    offload does not drop; else it takes `fallback` (default: the model's MTP head if it has one,
+    else n-gram speculation, both almost free) and says what the draft would have cost."""
+    devs = tuple(devices)
+    if not devs:
+        raise PlanError("no devices to plan for", "run `bostudio devices` or pass --devices-file")
+    without = fit_option(model, devs, intent, NO_SPEC)
+    if speculator.kind == "none" or intent.speculation == "off":
+        why = ("speculation off as asked" if intent.speculation == "off" and speculator.kind != "none"
+               else "no speculator given")
+        return Plan(model, devs, intent, None, without, without, why)
+    with_ = fit_option(model, devs, intent, speculator)
+    # The cost of the speculator, in bytes at the same context and offload, and in context tokens.
+    ref_ctx, ref_ngl = without.n_ctx, without.n_gpu_layers
+    base = sum(u.bytes for u in memory_uses(model, devs, intent, NO_SPEC, ref_ctx, ref_ngl)[0])
+    spec_total = sum(u.bytes for u in memory_uses(model, devs, intent, speculator, ref_ctx, ref_ngl)[0])
+    cost = max(0, spec_total - base)
+    tokens = int(cost / _bytes_per_token(model, devs, intent, without))
+    want = intent.ctx or min_ctx_wanted(model, intent)
+    notes: list[str] = []
+    if intent.speculation == "on":
+        if with_.fits:
+            why = f"speculation on as asked; {with_.n_ctx} tokens fit with it"
+            return Plan(model, devs, intent, with_, without, with_, why, cost, tokens)
+        raise PlanError(f"{speculator.label} does not fit: {with_.reason}",
+                        "lower --ctx, use a quantized --cache-type, or --spec auto to fall back")
+    keeps = with_.fits and with_.n_ctx >= want and with_.n_gpu_layers >= without.n_gpu_layers
+    if keeps:
+        why = (f"keeps the {speculator.label}: with it {with_.n_ctx} tokens still fit "
+               f"(wanted {want}), without it {without.n_ctx}")
+        return Plan(model, devs, intent, with_, without, with_, why, cost, tokens)
+    if fallback is None:
+        fallback = Speculator("mtp", n_max=3) if model.n_nextn and model.has_mtp else Speculator("ngram")
+    fb = fit_option(model, devs, intent, fallback)
+    lost = (f"only {with_.n_ctx} tokens fit with it (wanted {want})" if with_.fits and with_.n_ctx < want
+            else f"it would move layers off the GPU ({with_.n_gpu_layers} vs {without.n_gpu_layers})"
+            if with_.fits else with_.reason)
+    why = (f"drops the {speculator.label}: {lost}; the draft would cost {cost / GIB:.2f} GiB "
+           f"= {tokens} tokens of context; uses the {fallback.label} instead")
+    chosen = fb if fb.fits else without
+    if not fb.fits:
+        notes.append(f"{fallback.label} does not fit either: {fb.reason}")
+    return Plan(model, devs, intent, with_, without, chosen, why, cost, tokens, tuple(notes))
+
+
+def plan_for_launch(model: "ModelInfo", devices: Iterable[Device], *, ctx: int | None = None,
+                    speculator: Speculator = NO_SPEC, speculation: str = "auto",
+                    cache_type: str = "f16", n_parallel: int = 4, reserve: int = 1 * GIB) -> Plan:
+    """The launcher's entry point: plan one model (+ speculator) for these devices; the caller
+    appends `plan.llama_args()` to its llama-server argv. Raises PlanError when nothing fits."""
+    intent = Intent(ctx=ctx, speculation=speculation, cache_type_k=cache_type, cache_type_v=cache_type,
+                    n_parallel=n_parallel, reserve=reserve,
+                    flash_attn=True)
+    p = plan(model, devices, intent, speculator)
+    if not p.chosen.fits:
+        raise PlanError(f"{model.path.name} does not fit on these devices: {p.chosen.reason}",
+                        "use a smaller quant, a smaller --ctx, or a quantized KV cache (--cache-type q8_0)")
+    return p
+
+
+__all__ = ["Speculator", "Intent", "Use", "PlanOption", "Plan", "plan", "plan_for_launch", "fit_option",
+           "largest_ctx", "memory_uses", "NO_SPEC", "MIB", "GIB"]

@@ -1,0 +1,77 @@
+"""Text and JSON views of a Plan: a per-device table with bars, both options and the choice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bostudio.planner.fit import Plan, PlanOption
+from bostudio.planner.memory import GIB, MIB
+
+BAR = 30
+
+
+def _size(n: int) -> str:
+    return f"{n / GIB:7.2f} GiB" if n >= GIB else f"{n / MIB:7.1f} MiB"
+
+
+def _bar(used: int, budget: int) -> str:
+    if budget <= 0:
+        return "[" + "?" * BAR + "]"
+    filled = min(BAR, round(BAR * used / budget))
+    return "[" + "#" * filled + "." * (BAR - filled) + "]" + (" OVER" if used > budget else "")
+
+
+def render_option(title: str, o: PlanOption) -> list[str]:
+    head = (f"{title}: {o.speculator.label} -> -c {o.n_ctx} -ngl {o.n_gpu_layers}"
+            + (f" -ngld {o.n_gpu_layers_draft}" if o.speculator.kind == "draft" else "")
+            + ("" if o.fits else "  (DOES NOT FIT)"))
+    lines = [head]
+    if o.reason:
+        lines.append(f"  {o.reason}")
+    for device, budget in o.budgets:
+        used = o.device_bytes(device)
+        lines.append(f"  {device:<10} {_size(used)} of {_size(budget)} {_bar(used, budget)}")
+        parts: dict[str, int] = {}
+        for u in o.uses:
+            if u.device == device:
+                parts[u.component] = parts.get(u.component, 0) + u.bytes
+        for comp, n in sorted(parts.items(), key=lambda kv: -kv[1]):
+            lines.append(f"    {comp:<26} {_size(n)}")
+    return lines
+
+
+def render_plan(p: Plan) -> str:
+    m = p.model
+    lines = [f"{m.path.name}: {m.architecture}, {m.n_layer} layers"
+             + (f" (+{m.n_nextn} MTP)" if m.n_nextn else "")
+             + f", {m.quant}, trained context {m.n_ctx_train}",
+             f"KV cache {p.intent.cache_type_k}/{p.intent.cache_type_v}, {p.intent.n_parallel} slots, "
+             f"reserve {_size(p.intent.reserve).strip()} per device", ""]
+    if p.with_spec is not None:
+        lines += render_option("with speculation", p.with_spec) + [""]
+    lines += render_option("without speculation", p.without_spec) + [""]
+    if p.cost_line:
+        lines.append(p.cost_line)
+    lines.append(f"choice: {p.chosen.speculator.label} at {p.chosen.n_ctx} tokens, -ngl {p.chosen.n_gpu_layers}")
+    lines.append(f"why: {p.why}")
+    lines += [f"note: {n}" for n in p.notes]
+    lines.append("llama-server " + " ".join(p.llama_args()))
+    return "\n".join(lines)
+
+
+def option_json(o: PlanOption) -> dict[str, Any]:
+    return {"speculator": o.speculator.kind, "label": o.speculator.label, "fits": o.fits,
+            "n_ctx": o.n_ctx, "n_gpu_layers": o.n_gpu_layers, "n_gpu_layers_draft": o.n_gpu_layers_draft,
+            "reason": o.reason, "budgets": dict(o.budgets),
+            "devices": {d: o.device_bytes(d) for d, _ in o.budgets},
+            "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes} for u in o.uses]}
+
+
+def plan_json(p: Plan) -> dict[str, Any]:
+    return {"model": str(p.model.path), "architecture": p.model.architecture,
+            "devices": [d.to_json() for d in p.devices],
+            "with_speculation": option_json(p.with_spec) if p.with_spec else None,
+            "without_speculation": option_json(p.without_spec),
+            "chosen": p.chosen.speculator.kind, "why": p.why,
+            "spec_cost_bytes": p.spec_cost_bytes, "spec_cost_tokens": p.spec_cost_tokens,
+            "notes": list(p.notes), "llama_args": p.llama_args()}

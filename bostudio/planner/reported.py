@@ -1,0 +1,90 @@
+"""What llama.cpp itself reports about memory (`-lv 4` log lines), parsed into bytes.
+
+Pure text parsing: used by the accuracy tests, and by anything that wants to hold a launched
+server against its plan. The lines (src/llama-model.cpp, llama-context.cpp, llama-kv-cache.cpp,
+llama-memory-recurrent.cpp):
+
+    load_tensors:   CPU_Mapped model buffer size =     4.52 MiB
+    llama_context:        CPU  output buffer size =     0.00 MiB
+    llama_kv_cache: size =    8.00 MiB (  4096 cells,   2 layers,  4/1 seqs), K (f16): ..., V (f16): ...
+    llama_memory_recurrent: size =    0.27 MiB (     4 cells,   1 layers,  4 seqs ...), R (f32): ...
+    sched_reserve:        CPU compute buffer size =     7.51 MiB
+
+A draft or MTP context logs the same lines again, after the target's; `contexts` keeps them apart.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+MIB = 1024 * 1024
+
+_MODEL = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB")
+_OUTPUT = re.compile(r"llama_context:\s+(\S+)\s+output buffer size =\s+([\d.]+) MiB")
+_KV = re.compile(r"llama_kv_cache: size =\s+([\d.]+) MiB \(\s*(\d+) cells,\s+(\d+) layers")
+_RS = re.compile(r"llama_memory_recurrent: size =\s+([\d.]+) MiB \(\s*(\d+) cells,\s+(\d+) layers")
+_COMPUTE = re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s+([\d.]+) MiB")
+_CTX_START = re.compile(r"llama_context: constructing llama_context")
+
+
+def _mib(text: str) -> int:
+    return round(float(text) * MIB)
+
+
+@dataclass
+class ContextReport:
+    """One llama_context's buffers (the target's, or a draft/MTP context's)."""
+
+    output: int = 0
+    kv: int = 0
+    kv_cells: list[int] = field(default_factory=list)
+    rs: int = 0
+    compute: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def compute_total(self) -> int:
+        return sum(self.compute.values())
+
+    @property
+    def total(self) -> int:
+        return self.output + self.kv + self.rs + self.compute_total
+
+
+@dataclass
+class ReportedMemory:
+    """Buffers in log order: `models[i]` is the i-th model loaded (target first, then draft),
+    `contexts[i]` the i-th context created (target first, then draft/MTP)."""
+
+    models: list[dict[str, int]] = field(default_factory=list)
+    contexts: list[ContextReport] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(sum(m.values()) for m in self.models) + sum(c.total for c in self.contexts)
+
+
+def parse_reported_memory(log: str) -> ReportedMemory:
+    """Parse a `llama-server -lv 4` (or llama-cli) log. Sizes are printed rounded to 0.01 MiB,
+    so each figure is exact to +-5 KiB."""
+    rep = ReportedMemory()
+    last_model_line = -2
+    for n, line in enumerate(log.splitlines()):
+        if m := _MODEL.search(line):
+            if last_model_line != n - 1 or not rep.models:
+                rep.models.append({})  # consecutive buffer lines belong to one model load
+            rep.models[-1][m.group(1)] = rep.models[-1].get(m.group(1), 0) + _mib(m.group(2))
+            last_model_line = n
+        elif _CTX_START.search(line):
+            rep.contexts.append(ContextReport())
+        elif rep.contexts and (m := _OUTPUT.search(line)):
+            rep.contexts[-1].output += _mib(m.group(2))
+        elif rep.contexts and (m := _KV.search(line)):
+            rep.contexts[-1].kv += _mib(m.group(1))
+            rep.contexts[-1].kv_cells.append(int(m.group(2)))
+        elif rep.contexts and (m := _RS.search(line)):
+            rep.contexts[-1].rs += _mib(m.group(1))
+        elif rep.contexts and (m := _COMPUTE.search(line)):
+            # reserve runs more than once on some paths; the last figure per buffer type is the one kept
+            rep.contexts[-1].compute[m.group(1)] = _mib(m.group(2))
+    return rep
