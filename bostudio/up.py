@@ -21,7 +21,8 @@ from bostudio.errors import ConfigError, ModelError, PortInUseError, ServerError
 from bostudio.gguf import describe
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import ServerProcess, tail
-from bostudio.speculation import Speculator, choose_speculator, parse_spec
+from bostudio.pairing.pair import choose
+from bostudio.speculation import Speculator, parse_spec
 
 # A probe that makes n-gram speculation draft: the continuation repeats text already in the context.
 PROBE_PROMPT = "def add(a, b):\n    return a + b\n\n" * 6 + "def add(a, b):\n"
@@ -119,8 +120,8 @@ def run_up(opts: UpOptions, out=sys.stdout) -> int:
         describe(request.draft)
     check_port_free(opts.host, opts.port)
     engine: Engine = find_engine(opts.engine)
-    speculator = choose_speculator(request, n_nextn=info.n_nextn, engine_spec_types=engine.spec_types,
-                                   has_gpu=engine.gpu_mib() > 0)
+    # The pairing table, auto-detection and the compatibility check; an incompatible draft raises here.
+    speculator = choose(info, request, engine, opts.ctx)[0].speculator
     alias = model_name(model)
     spec = LaunchSpec(model=model, alias=alias, port=opts.port, host=opts.host, ctx=opts.ctx,
                       speculator=speculator)

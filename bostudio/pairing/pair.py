@@ -39,16 +39,17 @@ class PairReport:
 
 
 def local_gguf_paths(target: Path, extra: Iterable[Path] = ()) -> list[Path]:
-    """GGUFs that could draft for `target`: the models dir, the target's own folder, and `extra`.
+    """GGUFs that could draft for `target`: the models dir and the target's own folder (without the target),
+    and `extra`.
     (The catalog of issue 3 replaces the folder scan when it lands.)"""
     seen: dict[Path, None] = {}
     for folder in (paths.models_dir(), target.parent):
         if folder.is_dir():
             for p in sorted(folder.glob("*.gguf")):
                 seen.setdefault(p.resolve(), None)
-    for p in extra:
-        seen.setdefault(p.resolve(), None)
     seen.pop(target.resolve(), None)
+    for p in extra:  # a draft named explicitly may be the target itself (a self-draft test)
+        seen.setdefault(p.resolve(), None)
     return list(seen)
 
 

@@ -270,7 +270,7 @@ def select(target: ModelInfo, table: PairingTable, request: SpecRequest, *, engi
         if r.usable and chosen is None:
             chosen = len(considered)
         elif r.usable:
-            r = replace(r, usable=True, why="usable, but ranked below the chosen candidate: " + r.why)
+            r = replace(r, why="ranked below the chosen candidate; " + r.why)
         considered.append(r)
     if chosen is None:
         return Selection(Speculator("none", reason="no candidate is usable: " + "; ".join(
@@ -286,7 +286,8 @@ def _explicit(target: ModelInfo, request: SpecRequest, engine_spec_types: tuple[
                            engine_spec_types=engine_spec_types, has_gpu=has_gpu)
     draft_info = None
     if request.mode == "draft":
-        f = next((d for d in drafts if d.path == request.draft), None)
+        assert request.draft is not None
+        f = next((d for d in drafts if d.path.resolve() == request.draft.resolve()), None)
         if f is None:
             raise ConfigError(f"draft model {request.draft} could not be read", "pass a GGUF model file")
         draft_info = f.info
