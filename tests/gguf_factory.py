@@ -160,3 +160,54 @@ def tiny_glm4moe_mtp(path: Path, n_layer: int = 2, vocab: list[str] | None = VOC
           ".expert_used_count": 1, ".expert_shared_count": 1, ".expert_feed_forward_length": n_ff_exp,
           ".leading_dense_block_count": n_layer, "general.name": "tiny glm4moe mtp", "general.file_type": 0}
     return write_model(path, "glm4moe", kv, tensors, vocab=vocab)
+
+
+def _bytes_to_unicode() -> list[str]:
+    """GPT-2's byte-level alphabet: the 256 symbols byte-level BPE vocabularies start with."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    out, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + n)
+            n += 1
+    return [out[b] for b in range(256)]
+
+
+def bpe_vocab() -> tuple[list[str], list[str]]:
+    """(tokens, merges) of a small byte-level BPE vocabulary: the 256 byte symbols, every two-digit number
+    (so pre-tokenizers that group digits and ones that split them tokenize differently), <|endoftext|>."""
+    digits = [f"{a}{b}" for a in "0123456789" for b in "0123456789"]
+    return _bytes_to_unicode() + digits + ["<|endoftext|>"], [f"{d[0]} {d[1]}" for d in digits]
+
+
+def vocab_model(path: Path, tokens: list[str], *, tokenizer: str = "llama", pre: str | None = None,
+                bos: int = 1, eos: int = 2, add_bos: bool | None = None, add_eos: bool | None = None,
+                merges: list[str] | None = None, token_types: list[int] | None = None, n_layer: int = 1,
+                arch: str = "llama", extra_kv: dict[str, object] | None = None) -> Path:
+    """A tiny loadable llama whose tokenizer is given in full: for compatibility tests, one rule at a time."""
+    kv: dict[str, object] = {
+        ".context_length": 2048, ".embedding_length": 64, ".block_count": n_layer, ".feed_forward_length": 128,
+        ".attention.head_count": 4, ".attention.head_count_kv": 2, ".attention.layer_norm_rms_epsilon": 1e-5,
+        ".rope.dimension_count": 16, "general.name": path.stem, "general.file_type": 0,
+        "tokenizer.ggml.model": tokenizer, "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": token_types or [1] * len(tokens),
+        "tokenizer.ggml.bos_token_id": bos, "tokenizer.ggml.eos_token_id": eos,
+    }
+    if tokenizer == "llama":
+        kv["tokenizer.ggml.scores"] = [0.0] * len(tokens)
+    if pre is not None:
+        kv["tokenizer.ggml.pre"] = pre
+    if merges is not None:
+        kv["tokenizer.ggml.merges"] = merges
+    if add_bos is not None:
+        kv["tokenizer.ggml.add_bos_token"] = add_bos
+    if add_eos is not None:
+        kv["tokenizer.ggml.add_eos_token"] = add_eos
+    kv.update(extra_kv or {})
+    tensors: dict = {"token_embd.weight": (64, len(tokens)), "output_norm.weight": (64,),
+                     "output.weight": (64, len(tokens))}
+    if arch == "llama":
+        tensors.update(dense_layers(n_layer, 64, 4, 2, 16, 128))
+    return write_model(path, arch, kv, tensors, vocab=None)

@@ -161,12 +161,20 @@ class _Reader:
                     if seen == index:
                         start = i
                         break
-        leaf = key.rsplit(".", 1)[-1]
+        *parents, leaf = key.split(".")
+        for part in parents:  # a sub-table: its [header] or `part = {` line, after the section start
+            sub = re.compile(rf"^\s*\[[^\]]*\b{re.escape(part)}\s*\]|(^|[\s{{,]){re.escape(part)}\s*=")
+            start = next((i for i in range(start, len(self.lines)) if sub.search(self.lines[i])), start)
         pat = re.compile(rf"(^|[\s{{,]){re.escape(leaf)}\s*=|^\s*\[+[^\]]*\b{re.escape(leaf)}\s*\]")
         for i in range(start, len(self.lines)):
             if pat.search(self.lines[i]):
                 return i + 1
         return start + 1 if section is not None else None
+
+    @staticmethod
+    def lookup(where: str, key: str) -> str:
+        """The key path to search for: array-of-tables parts (pairing[1], candidate[2]) are sections."""
+        return ".".join(p for p in (where + key).split(".") if p and "[" not in p)
 
     def fail(self, key: str, problem: str, hint: str, line: int | None) -> PairingTableError:
         return PairingTableError(self.file, line, key, problem, hint)
@@ -176,7 +184,7 @@ class _Reader:
             if k not in allowed:
                 near = difflib.get_close_matches(k, allowed, n=1, cutoff=0.5)
                 hint = f"did you mean `{near[0]}`?" if near else "valid keys: " + ", ".join(allowed)
-                raise self.fail(f"{where}{k}", "unknown key", hint, self.line_of(k, section, index))
+                raise self.fail(f"{where}{k}", "unknown key", hint, self.line_of(self.lookup(where, k), section, index))
 
     def typed(self, table: dict, key: str, types: tuple[type, ...], where: str, section: str | None,
               index: int, type_name: str) -> Any:
@@ -186,7 +194,7 @@ class _Reader:
         ok = isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
         if not ok:
             raise self.fail(f"{where}{key}", f"must be {type_name}, not {type(v).__name__} {v!r}",
-                            f"write e.g. {key} = {_example(type_name)}", self.line_of(key, section, index))
+                            f"write e.g. {key} = {_example(type_name)}", self.line_of(self.lookup(where, key), section, index))
         return v
 
     def strings(self, table: dict, key: str, where: str, section: str | None, index: int) -> tuple[str, ...]:
@@ -198,7 +206,7 @@ class _Reader:
         if isinstance(v, list) and all(isinstance(x, str) for x in v):
             return tuple(v)
         raise self.fail(f"{where}{key}", f"must be a string or a list of strings, not {v!r}",
-                        f'write e.g. {key} = ["pattern"]', self.line_of(key, section, index))
+                        f'write e.g. {key} = ["pattern"]', self.line_of(self.lookup(where, key), section, index))
 
 
 def _example(type_name: str) -> str:
