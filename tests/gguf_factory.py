@@ -211,3 +211,19 @@ def vocab_model(path: Path, tokens: list[str], *, tokenizer: str = "llama", pre:
     if arch == "llama":
         tensors.update(dense_layers(n_layer, 64, 4, 2, 16, 128))
     return write_model(path, arch, kv, tensors, vocab=None)
+
+
+def tiny_drafter(path: Path, arch: str, target_layers: list[int], *, block_size: int = 16, dspark: bool = False,
+                 target_hidden: int = 64, vocab: list[str] | None = VOCAB) -> Path:
+    """A DFlash/DSpark/EAGLE3-marked drafter GGUF (metadata and a few tensors: enough to be recognised and
+    paired, not to run), with the target's vocabulary as `convert_hf_to_gguf.py --target-model-dir` gives it."""
+    kv: dict[str, object] = {".block_count": 1, ".embedding_length": 64, ".attention.head_count": 4,
+                             ".target_layers": target_layers, "general.name": path.stem}
+    if arch == "dflash":
+        kv[".block_size"] = block_size
+    if arch == "eagle3":
+        kv[".target_hidden_size"] = target_hidden
+    tensors: dict = {"fc.weight": (3 * 64, 64), "blk.0.attn_norm.weight": (64,)}
+    if dspark:
+        tensors.update({"markov_w1.weight": (64, 64), "markov_w2.weight": (64, 64)})
+    return write_model(path, arch, kv, tensors, vocab=vocab)
