@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Benchmark: decode speed with speculation off vs `--spec auto`, side by side in one run, plus the
-time `bostudio up` takes to be ready. Prints the numbers and their ratios.
+"""Benchmark: decode speed with speculation off vs `--spec auto` (or a given --spec, or a self-draft), side by
+side in one run, plus the time `bostudio up` takes to be ready. Prints the numbers, ratios and acceptance.
 
-    .venv/bin/python scripts/bench_spec.py [MODEL] [--tokens N] [--repeats R]
+    .venv/bin/python scripts/bench_spec.py [MODEL] [--tokens N] [--repeats R] [--spec MODE]
+    .venv/bin/python scripts/bench_spec.py [MODEL] --self-draft Q2_K     # make/reuse a low-bit copy as draft
 
 Workloads (greedy): a code continuation sent several times (n-gram speculation learns from what
 the server generated before, so the first run and the repeats are reported apart) and a prose prompt.
@@ -26,7 +27,8 @@ from bostudio.engine.discover import find_engine
 from bostudio.gguf import describe
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import ServerProcess
-from bostudio.speculation import SpecRequest, Speculator, choose_speculator
+from bostudio.pairing.pair import choose, make_self_draft
+from bostudio.speculation import Speculator, parse_spec
 
 CODE = (
     "import json\nfrom dataclasses import dataclass\n\n\n@dataclass\nclass User:\n    name: str\n"
@@ -83,26 +85,33 @@ def main() -> None:
     ap.add_argument("model", nargs="?", default=None)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--spec", default="auto", help="auto | ngram | mtp | draft:PATH (default auto)")
+    ap.add_argument("--self-draft", default=None, metavar="QUANT", help="draft with a QUANT copy of the model")
+    ap.add_argument("--no-up", action="store_true", help="skip timing `bostudio up`")
     args = ap.parse_args()
 
     engine = find_engine()
     model = resolve_model(args.model)
     info = describe(model)
-    auto = choose_speculator(SpecRequest("auto"), n_nextn=info.n_nextn, engine_spec_types=engine.spec_types,
-                             has_gpu=engine.gpu_mib() > 0)
+    spec = args.spec
+    if args.self_draft:
+        spec = f"draft:{make_self_draft(model, args.self_draft, engine, log=print)}"
+    auto = choose(info, parse_spec(spec), engine)[0].speculator
     print(f"model: {model.name}  engine: {engine.path} ({engine.version}, {engine.commit})  cpus: {os.cpu_count()}")
-    print(f"auto picks: {auto.label} ({auto.reason})")
+    print(f"--spec {spec} picks: {auto.label} ({auto.reason})")
     with tempfile.TemporaryDirectory() as tmp:
         off = measure(engine, model, Speculator("none"), args.tokens, args.repeats, Path(tmp))
         on = measure(engine, model, auto, args.tokens, args.repeats, Path(tmp))
-    print(f"\n{'workload':22s} {'off tok/s':>10s} {'auto tok/s':>11s} {'ratio':>7s} {'accepted/drafted':>18s}")
+    print(f"\n{'workload':22s} {'off tok/s':>10s} {'spec tok/s':>11s} {'ratio':>7s} {'accepted/drafted':>18s}")
     for name in off:
         a = statistics.mean(t["predicted_per_second"] for t in off[name])
         b = statistics.mean(t["predicted_per_second"] for t in on[name])
         drafted = sum(t.get("draft_n", 0) for t in on[name])
         accepted = sum(t.get("draft_n_accepted", 0) for t in on[name])
-        print(f"{name:22s} {a:10.1f} {b:11.1f} {b / a:6.2f}x {accepted:>8d}/{drafted:<8d}")
-    print(f"\n`bostudio up` to ready (launch, health, probe): {time_up(args.model):.1f} s")
+        rate = f"{100 * accepted / drafted:.0f}%" if drafted else "-"
+        print(f"{name:22s} {a:10.1f} {b:11.1f} {b / a:6.2f}x {accepted:>8d}/{drafted:<8d} {rate:>5s}")
+    if not args.no_up:
+        print(f"\n`bostudio up` to ready (launch, health, probe): {time_up(args.model):.1f} s")
 
 
 if __name__ == "__main__":

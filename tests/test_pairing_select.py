@@ -186,3 +186,27 @@ def test_pair_refuses_an_incompatible_pair(tmp_path: Path) -> None:
     proc = run_pair(str(target), "--spec", f"draft:{bad}", tmp=tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "bad.gguf cannot draft for target.gguf: incompatible: vocabulary sizes differ by 200" in proc.stderr
+
+
+def test_pairing_core_is_pure() -> None:
+    """The table, the compatibility rules and select() start no process and open no connection."""
+    code = ("import sys, bostudio.pairing, bostudio.pairing.cost; "
+            "bad = {'httpx', 'subprocess', 'psutil', 'pynvml', 'llama_cpp', 'textual'} & set(sys.modules); "
+            "print(sorted(bad))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_up_refuses_an_incompatible_draft_before_launch(tmp_path: Path) -> None:
+    from tests.netutil import free_port
+
+    target = tiny_llama(tmp_path / "target.gguf")
+    bad = vocab_model(tmp_path / "bad.gguf", tokens=VOCAB[:7] + ["changed"] + VOCAB[8:])
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"), XDG_CONFIG_HOME=str(tmp_path / "config"))
+    proc = subprocess.run([sys.executable, "-m", "bostudio", "up", str(target), "--spec", f"draft:{bad}",
+                           "--port", str(free_port())], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "token 7 differs: the target has 'tok4', the draft 'changed'" in proc.stderr
+    assert "starting llama-server" not in proc.stderr  # refused before anything was launched
+    assert not (tmp_path / "state" / "bostudio" / "logs").exists()
