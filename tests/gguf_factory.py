@@ -18,9 +18,11 @@ VOCAB = ["<unk>", "<s>", "</s>"] + [f"tok{i}" for i in range(29)]
 
 def write_model(path: Path, arch: str, kv: dict[str, object],
                 tensors: dict[str, tuple[int, ...] | tuple[tuple[int, ...], str] | np.ndarray],
-                vocab: list[str] | None = VOCAB, chat_template: str | None = None) -> Path:
-    """Write a GGUF with the given metadata and zero-filled tensors; return its path."""
-    w = GGUFWriter(str(path), arch)
+                vocab: list[str] | None = VOCAB, chat_template: str | None = None,
+                split_max_tensors: int = 0) -> Path:
+    """Write a GGUF with the given metadata and zero-filled (or given) tensors; return its path (for a split
+    model, the path GGUFWriter derived the part names from)."""
+    w = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     for key, value in kv.items():
         full = f"{arch}{key}" if key.startswith(".") else key
         if isinstance(value, bool):
@@ -60,7 +62,7 @@ def write_model(path: Path, arch: str, kv: dict[str, object],
             block, size = GGML_QUANT_SIZES[qtype]
             rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
             raw = np.zeros((rows, shape[0] // block * size), dtype=np.uint8)
-            w.add_tensor(name, raw, raw_shape=tuple(reversed(shape)), raw_dtype=qtype)
+            w.add_tensor(name, raw, raw_dtype=qtype)  # shape given in bytes per row
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -85,7 +87,8 @@ def dense_layers(n_layer: int, n_embd: int, n_head: int, n_head_kv: int, head_di
     return t
 
 
-def tiny_llama(path: Path, n_layer: int = 2, chat_template: str | None = None) -> Path:
+def tiny_llama(path: Path, n_layer: int = 2, chat_template: str | None = None,
+               split_max_tensors: int = 0) -> Path:
     """A small llama: 32 tokens, n_embd 64, 4 heads x 16, 2 KV heads, untied output."""
     tensors: dict = {"token_embd.weight": (64, len(VOCAB)), "output_norm.weight": (64,),
                      "output.weight": (64, len(VOCAB))}
@@ -94,7 +97,8 @@ def tiny_llama(path: Path, n_layer: int = 2, chat_template: str | None = None) -
           ".feed_forward_length": 128, ".attention.head_count": 4, ".attention.head_count_kv": 2,
           ".attention.layer_norm_rms_epsilon": 1e-5, ".rope.dimension_count": 16,
           ".rope.freq_base": 10000.0, "general.name": "tiny llama", "general.file_type": 0}
-    return write_model(path, "llama", kv, tensors, chat_template=chat_template)
+    return write_model(path, "llama", kv, tensors, chat_template=chat_template,
+                       split_max_tensors=split_max_tensors)
 
 
 def successor_weights(n_vocab: int, n_embd: int, first: int = 3) -> tuple[np.ndarray, np.ndarray]:

@@ -73,3 +73,9 @@ KV_ZERO_ALL_BLOCKS = frozenset({"glm5-next"})
 KV_AND_FF_ZERO_HYBRIDS = frozenset({"nemotron_h", "nemotron_h_moe"})
 # every layer has a recurrent (Mamba) mixer next to its attention
 ALL_RECURRENT_HYBRIDS = frozenset({"falcon-h1"})
+
+# Architectures with an MTP draft graph (LLM_GRAPH_TYPE_DECODER_MTP in src/models): for them NextN layers can
+# drive --spec-type draft-mtp. glm4, bailingmoe2, exaone4, exaone-moe and dots3note only keep NextN tensors.
+MTP_GRAPH_ARCHS = frozenset({"deepseek2", "deepseek32", "deepseek4", "qwen3next", "qwen35", "qwen35moe", "step35",
+                             "glm4moe", "glm-dsa", "glm5-next", "bailingmoe3", "cohere2moe", "nemotron_h_moe",
+                             "hy_v3", "mimo2"})

@@ -19,6 +19,7 @@ from bostudio.gguf.split import read_header
 from bostudio.gguf.tokenizer import TokenizerInfo, describe_tokenizer
 
 _HINT = "the file is damaged or was written by a broken converter; download it again"
+MAX_LAYERS = 512  # LLAMA_MAX_LAYERS (src/llama-hparams.h)
 _BLK = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -106,6 +107,11 @@ class ModelInfo:
         return bool(self.key_length_mla and self.value_length_mla)
 
     @property
+    def mtp_usable(self) -> bool:
+        """NextN layers llama.cpp can run as an MTP draft (tensors present and the arch has an MTP graph)."""
+        return self.has_mtp and self.architecture in rules.MTP_GRAPH_ARCHS
+
+    @property
     def is_moe(self) -> bool:
         return self.n_expert > 0
 
@@ -127,8 +133,22 @@ class ModelInfo:
         d.pop("chat_template")
         d["tokenizer"].pop("tokens", None)
         d.update(is_mla=self.is_mla, is_moe=self.is_moe, is_recurrent=self.is_recurrent,
-                 is_hybrid=self.is_hybrid)
+                 is_hybrid=self.is_hybrid, mtp_usable=self.mtp_usable)
         return d
+
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ModelInfo":
+        """Rebuild a ModelInfo from to_json() output (as the catalog caches it: no raw template, no token list
+        reference; describe() the file again for those)."""
+        d = dict(d)
+        for derived in ("is_mla", "is_moe", "is_recurrent", "is_hybrid", "mtp_usable"):
+            d.pop(derived, None)
+        d["path"] = Path(d["path"])
+        d["parts"] = tuple(Path(p) for p in d["parts"])
+        d["rope"] = RopeInfo(**d["rope"])
+        d["tokenizer"] = TokenizerInfo(**d["tokenizer"])
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})  # type: ignore[arg-type]
 
 
 def _fail(header: Header, what: str) -> GGUFFormatError:
@@ -312,8 +332,8 @@ def describe_header(header: Header) -> ModelInfo:
     a = header.architecture
     k = f"{a}."
     n_block = _uint(header, k + "block_count")
-    if n_block > 65536:
-        raise _fail(header, f"{k}block_count is {n_block:,}")
+    if n_block > MAX_LAYERS:
+        raise _fail(header, f"{k}block_count is {n_block:,}; llama.cpp allows at most {MAX_LAYERS}")
     n_nextn = _uint(header, k + "nextn_predict_layers")
     if n_nextn > n_block:
         raise _fail(header, f"{k}nextn_predict_layers ({n_nextn}) exceeds block_count ({n_block})")
@@ -389,7 +409,7 @@ def describe_header(header: Header) -> ModelInfo:
         leading_dense_blocks=_uint(header, k + "leading_dense_block_count"),
         has_mtp=has_mtp, drafter=drafter,
         drafter_block_size=_uint(header, "dflash.block_size", 16) if a == "dflash" else 0,
-        drafter_target_layers=tuple(int(v) for v in target_layers.values) if target_layers else (),
+        drafter_target_layers=tuple(int(v) for v in target_layers.values or ()) if target_layers else (),
         drafter_target_hidden=_uint(header, "eagle3.target_hidden_size") if a == "eagle3" else 0,
         tokenizer=tokenizer,
         has_chat_template=bool(template) or bool(template_names),

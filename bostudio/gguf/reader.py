@@ -189,49 +189,37 @@ class Header:
         got = f.type.name if f.type != ValueType.ARRAY else f"ARRAY of {f.value.elem_type.name}"  # type: ignore[attr-defined]
         return GGUFFormatError(f"{self.path}: metadata key {f.key!r} has type {got}, expected {expected}", _HINT)
 
+    def _typed(self, key: str, allowed: frozenset[ValueType], expected: str) -> Field | None:
+        f = self.fields.get(key)
+        if f is not None and f.type not in allowed:
+            raise self._wrong(f, expected)
+        return f
+
     def int_value(self, key: str) -> int | None:
         """An integer key's value (any integer type), None when absent; another type is a format error."""
-        f = self.fields.get(key)
-        if f is None:
-            return None
-        if f.type not in INTEGER_TYPES:
-            raise self._wrong(f, "an integer")
-        return int(f.value)  # type: ignore[call-overload]
+        f = self._typed(key, INTEGER_TYPES, "an integer")
+        return None if f is None else int(f.value)  # type: ignore[call-overload]
 
     def float_value(self, key: str) -> float | None:
         """A float key's value (integers accepted), None when absent."""
-        f = self.fields.get(key)
-        if f is None:
-            return None
-        if f.type not in FLOAT_TYPES and f.type not in INTEGER_TYPES:
-            raise self._wrong(f, "a number")
-        return float(f.value)  # type: ignore[arg-type]
+        f = self._typed(key, FLOAT_TYPES | INTEGER_TYPES, "a number")
+        return None if f is None else float(f.value)  # type: ignore[arg-type]
 
     def bool_value(self, key: str) -> bool | None:
         """A BOOL key's value, None when absent."""
-        f = self.fields.get(key)
-        if f is None:
-            return None
-        if f.type != ValueType.BOOL:
-            raise self._wrong(f, "BOOL")
-        return bool(f.value)
+        f = self._typed(key, frozenset({ValueType.BOOL}), "BOOL")
+        return None if f is None else bool(f.value)
 
     def str_value(self, key: str) -> str | None:
         """A STRING key's value, None when absent."""
-        f = self.fields.get(key)
-        if f is None:
-            return None
-        if f.type != ValueType.STRING:
-            raise self._wrong(f, "STRING")
-        return str(f.value)
+        f = self._typed(key, frozenset({ValueType.STRING}), "STRING")
+        return None if f is None else str(f.value)
 
     def array_value(self, key: str, elem_types: frozenset[ValueType] | None = None) -> ArrayRef | None:
         """An ARRAY key's ArrayRef (optionally of one of `elem_types`), None when absent."""
-        f = self.fields.get(key)
+        f = self._typed(key, frozenset({ValueType.ARRAY}), "an array")
         if f is None:
             return None
-        if f.type != ValueType.ARRAY:
-            raise self._wrong(f, "an array")
         ref: ArrayRef = f.value  # type: ignore[assignment]
         if elem_types is not None and ref.elem_type not in elem_types:
             raise self._wrong(f, "an array of " + "/".join(sorted(t.name for t in elem_types)))
@@ -285,6 +273,18 @@ class LocalFile:
         self.close()
 
 
+class BytesSource:
+    """A ByteSource over bytes already in memory (a test fixture, a fetched header)."""
+
+    def __init__(self, data: bytes, name: str = "<memory>") -> None:
+        self.name = name
+        self.size = len(data)
+        self._data = data
+
+    def read(self, offset: int, n: int) -> bytes:
+        return self._data[offset:offset + n]
+
+
 class _Cursor:
     """The header bytes read so far, grown on demand from the source, and a position in them."""
 
@@ -292,6 +292,8 @@ class _Cursor:
 
     def __init__(self, source: ByteSource) -> None:
         self.src = source
+        # A remote source asks for smaller first reads: each byte it fetches is a byte downloaded.
+        self.first_read = getattr(source, "first_read", self.FIRST_READ)
         self.size = source.size
         self.buf = bytearray()
         self.pos = 0
@@ -309,7 +311,7 @@ class _Cursor:
                             f"(needs byte {end:,}, file has {self.size:,})")
         if end > MAX_HEADER_BYTES:
             raise self.fail(f"{what} would make the header larger than {MAX_HEADER_BYTES:,} bytes")
-        want = min(self.size, MAX_HEADER_BYTES, max(end, have * 2, self.FIRST_READ))
+        want = min(self.size, MAX_HEADER_BYTES, max(end, have * 2, self.first_read))
         chunk = self.src.read(have, want - have)
         if len(chunk) != want - have:
             raise self.fail(f"short read at byte {have:,} (file changed while reading?)")

@@ -1,0 +1,48 @@
+"""Showing untrusted text and sizes to people.
+
+Strings from a GGUF (names, licenses, chat templates) come from whoever made the file. Before they reach a
+terminal or a Rich/Textual widget, `escape_untrusted` makes control characters (ANSI escape sequences, bidi
+overrides, zero-width characters) visible as escapes and neutralises Rich markup, so a file can neither
+drive the terminal nor style or hide text.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+# The same pattern rich.markup.escape uses: a backslash before "[" that would open a tag.
+_RICH_TAG = re.compile(r"(\\*)(\[[a-z#/@][^[]*?])")
+
+
+def _escape_char(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def escape_untrusted(text: str, *, multiline: bool = False) -> str:
+    """`text` made safe to print: control/format characters as \\xNN escapes, backslashes doubled, Rich
+    markup escaped. With `multiline`, newlines and tabs are kept (for chat templates)."""
+    out = []
+    for ch in text:
+        if ch == "\\":
+            out.append("\\\\")
+        elif multiline and ch in "\n\t":
+            out.append(ch)
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
+            out.append(_escape_char(ch))
+        else:
+            out.append(ch)
+    return _RICH_TAG.sub(lambda m: f"{m.group(1)}{m.group(1)}\\{m.group(2)}", "".join(out))
+
+
+def human_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB'; binary units, as llama.cpp prints them."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
