@@ -150,8 +150,8 @@ def test_costs_come_from_the_planner(files) -> None:
 
 # ------------------------------------------------------------------ `bostudio pair`, end to end
 
-def run_pair(*args: str, tmp: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp / "config"), XDG_DATA_HOME=str(tmp / "data"))
+def run_pair(*args: str, tmp: Path, **more_env: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp / "config"), XDG_DATA_HOME=str(tmp / "data"), **more_env)
     return subprocess.run([sys.executable, "-m", "bostudio", "pair", *args], capture_output=True, text=True,
                           env=env, timeout=120)
 
@@ -178,6 +178,21 @@ def test_pair_json_for_mtp_and_dflash(tmp_path: Path) -> None:
     assert data["speculator"]["kind"] == "dflash"
     assert data["speculator"]["draft"].endswith("dflash-target.gguf")
     assert [c["usable"] for c in data["candidates"]] == [True, True]  # dflash chosen, n-gram ranked below
+
+
+def test_pair_finds_a_small_draft_in_the_catalog(tmp_path: Path) -> None:
+    models, elsewhere = tmp_path / "models", tmp_path / "elsewhere"
+    models.mkdir()
+    elsewhere.mkdir()
+    small = tiny_llama(models / "small.gguf", n_layer=1)
+    vocab_model(models / "other-family.gguf", tokens=VOCAB + ["x"] * 300)  # filtered out by its tokenizer
+    target = tiny_llama(elsewhere / "target.gguf", n_layer=8)
+    proc = run_pair(str(target), "--json", "--no-probe", tmp=tmp_path, BOSTUDIO_MODELS_DIR=str(models))
+    data = json.loads(proc.stdout)
+    assert data["speculator"]["kind"] == "draft" and data["speculator"]["draft"] == str(small)
+    chosen = data["candidates"][data["chosen"]]
+    assert chosen["origin"] == "auto-detected" and "same tokenizer" in chosen["note"]
+    assert all("other-family" not in (c["draft"] or "") for c in data["candidates"])
 
 
 def test_pair_refuses_an_incompatible_pair(tmp_path: Path) -> None:

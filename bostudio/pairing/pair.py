@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bostudio import paths
+from bostudio.catalog.index import scan_catalog
 from bostudio.engine.discover import Engine
 from bostudio.errors import BostudioError, ConfigError, EngineError, GGUFFormatError
 from bostudio.gguf import ModelInfo, describe
@@ -38,16 +39,25 @@ class PairReport:
                 "probe": self.probe.to_json() if self.probe else None}
 
 
-def local_gguf_paths(target: Path, extra: Iterable[Path] = ()) -> list[Path]:
-    """GGUFs that could draft for `target`: the models dir and the target's own folder (without the target),
-    and `extra`.
-    (The catalog of issue 3 replaces the folder scan when it lands.)"""
+def _could_draft(target: ModelInfo, info: ModelInfo) -> bool:
+    """A cheap pre-filter on (possibly cached) metadata before a file is described and checked in full."""
+    if info.kind == "drafter":
+        return True
+    t, d = target.tokenizer, info.tokenizer
+    return info.kind == "model" and t.model == d.model and abs(t.vocab_size - d.vocab_size) <= 128
+
+
+def local_gguf_paths(target: ModelInfo, extra: Iterable[Path] = ()) -> list[Path]:
+    """GGUFs that could draft for `target`: the catalog's (every store it scans) that pass a cheap
+    tokenizer pre-filter, the target's own folder (drafters sit beside their target), and `extra`."""
     seen: dict[Path, None] = {}
-    for folder in (paths.models_dir(), target.parent):
-        if folder.is_dir():
-            for p in sorted(folder.glob("*.gguf")):
-                seen.setdefault(p.resolve(), None)
-    seen.pop(target.resolve(), None)
+    for entry in scan_catalog():
+        if entry.info is not None and _could_draft(target, entry.info):
+            seen.setdefault(entry.path.resolve(), None)
+    if target.path.parent.is_dir():
+        for p in sorted(target.path.parent.glob("*.gguf")):
+            seen.setdefault(p.resolve(), None)
+    seen.pop(target.path.resolve(), None)
     for p in extra:  # a draft named explicitly may be the target itself (a self-draft test)
         seen.setdefault(p.resolve(), None)
     return list(seen)
@@ -81,7 +91,7 @@ def choose(target: ModelInfo, request: SpecRequest, engine: Engine, ctx: int = 4
     named = [c.draft for e in table.entries for c in e.candidates if c.draft is not None]
     if request.draft is not None:
         named.append(request.draft)
-    drafts = draft_files(target, local_gguf_paths(target.path, named))
+    drafts = draft_files(target, local_gguf_paths(target, named))
     devices = engine_devices(engine)
 
     def cost(sp, draft):  # type: ignore[no-untyped-def]
