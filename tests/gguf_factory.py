@@ -114,7 +114,13 @@ def successor_weights(n_vocab: int, n_embd: int, first: int = 3) -> tuple[np.nda
     return embd, out
 
 
-def tiny_glm4moe_mtp(path: Path, n_layer: int = 2, vocab: list[str] | None = VOCAB) -> Path:
+# An SPM vocabulary that can spell any text: byte-fallback tokens <0x00>..<0xFF> after <unk>, <s>, </s>.
+BYTE_VOCAB = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+BYTE_VOCAB_TYPES = [2, 3, 3] + [6] * 256  # unknown, control, control, byte
+
+
+def tiny_glm4moe_mtp(path: Path, n_layer: int = 2, vocab: list[str] | None = VOCAB,
+                     token_types: list[int] | None = None) -> Path:
     """A small GLM-4.5-style model (`glm4moe`) with one NextN/MTP block, loadable with `--spec-type draft-mtp`.
 
     The trunk is dense (leading_dense_block_count = n_layer); the MTP block is the last block and, as
@@ -123,8 +129,10 @@ def tiny_glm4moe_mtp(path: Path, n_layer: int = 2, vocab: list[str] | None = VOC
     token alone; the MTP head's eh_proj passes the (normed) embedding of the token it is given straight
     through, so it predicts the same function one step ahead: its drafts are the target's own choices.
     """
-    n_embd, n_head, n_head_kv, head_dim, n_ff, n_expert, n_ff_exp = 64, 4, 2, 16, 128, 2, 32
     n_vocab = len(vocab or VOCAB)
+    n_embd = max(64, -(-n_vocab // 64) * 64)  # one-hot embeddings need n_embd >= n_vocab
+    n_head, n_head_kv, n_ff, n_expert, n_ff_exp = 4, 2, 128, 2, 32
+    head_dim = n_embd // n_head
     embd, out = successor_weights(n_vocab, n_embd)
     eh_proj = np.zeros((n_embd, 2 * n_embd), dtype=np.float32)
     eh_proj[:, :n_embd] = np.eye(n_embd)  # concat(enorm(embedding), hnorm(h)) -> the embedding part
@@ -163,7 +171,12 @@ def tiny_glm4moe_mtp(path: Path, n_layer: int = 2, vocab: list[str] | None = VOC
           ".rope.dimension_count": head_dim, ".rope.freq_base": 10000.0, ".expert_count": n_expert,
           ".expert_used_count": 1, ".expert_shared_count": 1, ".expert_feed_forward_length": n_ff_exp,
           ".leading_dense_block_count": n_layer, "general.name": "tiny glm4moe mtp", "general.file_type": 0}
-    return write_model(path, "glm4moe", kv, tensors, vocab=vocab)
+    if token_types is None:
+        return write_model(path, "glm4moe", kv, tensors, vocab=vocab)
+    kv.update({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": vocab, "tokenizer.ggml.token_type": token_types,
+               "tokenizer.ggml.scores": [0.0] * n_vocab, "tokenizer.ggml.bos_token_id": 1,
+               "tokenizer.ggml.eos_token_id": 2})
+    return write_model(path, "glm4moe", kv, tensors, vocab=None)
 
 
 def _bytes_to_unicode() -> list[str]:
