@@ -19,7 +19,7 @@ from bostudio.pairing.select import DraftFile, select
 from bostudio.pairing.table import load_table_file, parse_table
 from bostudio.pairing.table import shipped_table_path
 from bostudio.speculation import SpecRequest, Speculator
-from tests.gguf_factory import VOCAB, tiny_drafter, tiny_glm4moe_mtp, tiny_llama, vocab_model
+from tests.gguf_factory import BYTE_VOCAB, BYTE_VOCAB_TYPES, VOCAB, tiny_drafter, tiny_glm4moe_mtp, tiny_llama, vocab_model
 
 ALL = KNOWN_SPEC_TYPES
 SHIPPED = load_table_file(shipped_table_path())
@@ -225,3 +225,32 @@ def test_up_refuses_an_incompatible_draft_before_launch(tmp_path: Path) -> None:
     assert "token 7 differs: the target has 'tok4', the draft 'changed'" in proc.stderr
     assert "starting llama-server" not in proc.stderr  # refused before anything was launched
     assert not (tmp_path / "state" / "bostudio" / "logs").exists()
+
+
+def test_pair_self_draft_makes_records_and_chooses_the_copy(engine, tmp_path: Path) -> None:
+    # a vocabulary with byte tokens, so the tokenization probe can spell its corpus
+    target = vocab_model(tmp_path / "target.gguf", tokens=BYTE_VOCAB, token_types=BYTE_VOCAB_TYPES, n_layer=2)
+    proc = run_pair(str(target), "--self-draft", "Q8_0", "--json", tmp=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    copy = tmp_path / "data" / "bostudio" / "drafts" / "target.self-Q8_0.gguf"
+    assert copy.is_file() and describe(copy).quant == "Q8_0"
+    table = (tmp_path / "config" / "bostudio" / "pairings.toml").read_text()
+    assert f'draft = "{copy}"' in table and "self_draft = true" in table
+    data = json.loads(proc.stdout)
+    assert data["speculator"]["kind"] == "draft" and data["speculator"]["draft"] == str(copy)
+    assert "low-bit copy of the target itself" in data["speculator"]["reason"]
+    assert data["probe"]["differing"] == 0 and not data["probe"]["error"]
+    # a second run reuses the copy and does not record it twice
+    again = run_pair(str(target), "--self-draft", "Q8_0", tmp=tmp_path)
+    assert again.returncode == 0 and "already recorded" in again.stderr
+    assert (tmp_path / "config" / "bostudio" / "pairings.toml").read_text() == table
+
+
+def test_pair_self_draft_with_an_unknown_type_says_which_exist(engine, tmp_path: Path) -> None:
+    target = tiny_llama(tmp_path / "target.gguf")
+    proc = run_pair(str(target), "--self-draft", "Q1_NOPE", tmp=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("bostudio: config error: llama-quantize could not make a Q1_NOPE copy")
+    assert "(hint: use a type llama-quantize lists" in line
+    assert not (tmp_path / "config" / "bostudio" / "pairings.toml").exists()

@@ -89,12 +89,11 @@ def _find(drafts: Sequence[DraftFile], target: ModelInfo, pattern: str) -> list[
 
 def _speculator(c: Candidate, kind: str, draft: Path | None, n_max: int | None, reason: str) -> Speculator:
     if kind == "ngram":
-        types = ordered_spec_types([c.variant])
         params = tuple((c.variant, k, v) for k, v in c.params)
-        return Speculator("ngram", types, ngram_params=params, reason=reason)
-    types = [KIND_SPEC_TYPE[kind]] + ([c.with_ngram] if c.with_ngram else [])
+        return Speculator("ngram", ordered_spec_types([c.variant]), ngram_params=params, reason=reason)
+    names = [KIND_SPEC_TYPE[kind]] + ([c.with_ngram] if c.with_ngram else [])
     params = tuple((c.with_ngram, k, v) for k, v in c.params) if c.with_ngram else ()
-    return Speculator(kind, ordered_spec_types(types), draft=draft, n_max=n_max, n_min=c.n_min, p_min=c.p_min,
+    return Speculator(kind, ordered_spec_types(names), draft=draft, n_max=n_max, n_min=c.n_min, p_min=c.p_min,
                       cache_type_k_draft=c.cache_type_k_draft, cache_type_v_draft=c.cache_type_v_draft,
                       ngram_params=params, reason=reason)
 
