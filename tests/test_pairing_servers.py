@@ -98,15 +98,18 @@ def test_gemma_self_draft_is_chosen_from_the_user_table_and_accepts(pairing) -> 
     assert spec_counter(client, "num_accepted_tokens") > 0
 
 
-# Only prose: on the code prompt the Q2_K self-draft's output departed at token 23 of 32 ("n == 2" for
-# "n == 1") where the baseline's margin was 0.62 nats, beyond both the near-tie bound and the batch-noise
-# bound of test_lossless. Not yet explained (see the issue 5 note); the same model as its own draft passes
-# test_lossless on both prompts.
-@pytest.mark.parametrize("prompt", PROMPTS[:1], ids=["prose"])
+# On the code prompt the output departs at token 23 ("n == 2" for "n == 1") where the baseline's margin is
+# 0.62 nats: measured here, the speculation-free server evaluating that prefix as one batch picks "2" as well
+# (-0.52 vs -0.93 nats), and so does the Q4_K_M model drafting for itself. Sequential vs batched arithmetic
+# on this CPU moves these logits by up to ~1 nat, so the reproduction check gets a 1-nat bound here.
+MAX_BATCH_NOISE_NATS = 1.0
+
+
+@pytest.mark.parametrize("prompt", PROMPTS, ids=["prose", "code"])
 def test_self_draft_greedy_output_equals_no_speculation(pairing, prompt: str) -> None:
     off, spec_client = pairing["clients"]["off"], pairing["clients"]["self-draft"]
     params = dict(return_tokens=True, seed=0, top_k=1)
     base = off.completion(prompt, N_PREDICT, n_probs=TOP_K, **params)
     spec = spec_client.completion(prompt, N_PREDICT, **params)
     assert "draft_n" not in base["timings"] and spec["timings"]["draft_n"] > 0
-    assert_same_up_to_batch_noise(off, prompt, base, spec, "the Q2_K self-draft")
+    assert_same_up_to_batch_noise(off, prompt, base, spec, "the Q2_K self-draft", MAX_BATCH_NOISE_NATS)
