@@ -86,12 +86,15 @@ def engine_devices(engine: Engine) -> tuple[Device, ...]:
 
 def choose(target: ModelInfo, request: SpecRequest, engine: Engine, ctx: int = 4096,
            table: PairingTable | None = None) -> tuple[Selection, PairingTable]:
-    """Select the speculator for `target` with the user's and the shipped tables and the local GGUFs."""
-    table = load_pairings() if table is None else table
-    named = [c.draft for e in table.entries for c in e.candidates if c.draft is not None]
-    if request.draft is not None:
-        named.append(request.draft)
-    drafts = draft_files(target, local_gguf_paths(target, named))
+    """Select the speculator for `target` with the user's and the shipped tables and the local GGUFs.
+    Explicit modes (off, ngram, mtp, draft:PATH) need neither the tables nor a scan of the catalog."""
+    if request.mode != "auto":
+        table = PairingTable() if table is None else table
+        drafts = draft_files(target, [request.draft] if request.draft is not None else [])
+    else:
+        table = load_pairings() if table is None else table
+        named = [c.draft for e in table.entries for c in e.candidates if c.draft is not None]
+        drafts = draft_files(target, local_gguf_paths(target, named))
     devices = engine_devices(engine)
 
     def cost(sp, draft):  # type: ignore[no-untyped-def]
