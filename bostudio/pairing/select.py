@@ -125,10 +125,10 @@ class _Evaluator:
 
     def result(self, c: Candidate, origin: str, usable: bool, why: str, sp: Speculator | None = None,
                draft: ModelInfo | None = None) -> Considered:
-        label = c.label if draft is None or c.kind == "ngram" else f"{c.kind} {draft.path.name}" + (
-            f" + {c.with_ngram}" if c.with_ngram else "")
-        if sp is not None and c.kind != "ngram" and draft is not None and draft.drafter in ("dflash", "dspark"):
-            label = f"{draft.drafter} {draft.path.name}"
+        label = c.label
+        if draft is not None:  # name the file found; a DFlash/DSpark file's own metadata names its kind
+            kind = draft.drafter if draft.drafter in ("dflash", "dspark") else c.kind
+            label = f"{kind} {draft.path.name}" + (f" + {c.with_ngram}" if c.with_ngram else "")
         mem = self.cost(sp, draft) if sp is not None else None
         return Considered(label, origin, usable, why, sp, draft, mem, c.note)
 
