@@ -35,6 +35,7 @@ CODE = (
     "    email: str\n    age: int\n\n    def to_json(self) -> str:\n        return json.dumps({\"name\": self.name, "
     "\"email\": self.email, \"age\": self.age})\n\n\n@dataclass\nclass Order:\n    id: int\n    user: User\n"
 )
+COMPLETION_TIMEOUT_S = 900.0  # a loaded shared CPU can take minutes for one request
 PROSE = "The history of the printing press begins in the fifteenth century, when"
 
 
@@ -54,11 +55,11 @@ def measure(engine, model: Path, sp: Speculator, tokens: int, repeats: int, logd
         server.wait_ready()
         out: dict = {}
         with LlamaClient(server.base_url, timeout=None) as c:
-            c.completion("Hello", 4)  # warm-up
-            runs = [c.completion(CODE, tokens)["timings"] for _ in range(repeats)]
+            c.completion("Hello", 4, timeout=COMPLETION_TIMEOUT_S)  # warm-up
+            runs = [c.completion(CODE, tokens, timeout=COMPLETION_TIMEOUT_S)["timings"] for _ in range(repeats)]
             out["code, first run"] = [runs[0]]
             out["code, repeats"] = runs[1:]
-            out["prose"] = [c.completion(PROSE, tokens)["timings"]]
+            out["prose"] = [c.completion(PROSE, tokens, timeout=COMPLETION_TIMEOUT_S)["timings"]]
         return out
     finally:
         server.stop()
