@@ -215,6 +215,57 @@ def cmd_up(args: argparse.Namespace) -> int:
                             port=args.port, host=args.host, engine=args.engine))
 
 
+# ---------------------------------------------------------------- pair
+
+def _mib(n: int | None) -> str:
+    if n is None:
+        return "?"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def cmd_pair(args: argparse.Namespace) -> int:
+    from bostudio.catalog.resolve import resolve_model
+    from bostudio.engine.discover import find_engine
+    from bostudio.gguf import describe
+    from bostudio.pairing.pair import make_self_draft, pair_model, record_self_draft
+    from bostudio.speculation import parse_spec
+
+    def note(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    request = parse_spec(args.spec)
+    model = resolve_model(args.model, log=note)
+    engine = find_engine(args.engine)
+    if args.self_draft:
+        draft = make_self_draft(model, args.self_draft, engine, log=note)
+        added = record_self_draft(describe(model), draft, args.self_draft)
+        note(f"{'recorded' if added else 'already recorded'}: {model.name} -> {draft} in your pairings.toml")
+    report = pair_model(model, engine, request, ctx=args.ctx, probe=not args.no_probe)
+    if args.json:
+        _print_json(report.to_json())
+        return 0 if report.selection.chosen is not None or request.mode == "off" else 1
+    sel = report.selection
+    sp = sel.speculator
+    print(f"{model.name} ({report.target.architecture}, {report.target.size_label}, {report.target.quant})")
+    print(f"  speculator : {sp.label}" + (f" with {sp.draft.name}" if sp.draft else ""))
+    print(f"  why        : {sp.reason}")
+    if report.probe is not None:
+        pr = report.probe
+        probe = (f"failed to run ({pr.error})" if pr.error else
+                 f"ids equal on all {pr.texts} probe texts" if pr.ok else
+                 f"ids differ on {pr.differing} of {pr.texts} probe texts: {pr.first} (costs acceptance)")
+        print(f"  tokenizers : {probe}")
+    print(f"  candidates (memory at --ctx {args.ctx}, according to the planner):")
+    for i, c in enumerate(sel.considered):
+        mark = "*" if i == sel.chosen else " "
+        state = "chosen" if i == sel.chosen else ("usable" if c.usable else "passed over")
+        print(f"  {mark} {c.label:<40} {_mib(c.memory_bytes):>10}  {state}: {c.why}")
+        print(f"      from {c.origin}" + (f"; note: {c.note}" if c.note else ""))
+    if report.tables:
+        print(f"  tables     : {', '.join(str(t) for t in report.tables)}")
+    return 0 if sel.chosen is not None or request.mode == "off" else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bostudio",
@@ -243,6 +294,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default=None, metavar="PATH",
                    help="llama-server binary to use (default: the best one found, see `engine list`)")
     p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("pair", help="show which speculator a model gets, and why",
+                       description="Choose the speculator for MODEL from the pairing tables (yours in "
+                                   "$XDG_CONFIG_HOME/bostudio/pairings.toml, then the shipped one) and what "
+                                   "is detected: its MTP head, drafter GGUFs, small local models with the "
+                                   "same tokenizer, n-gram speculation. Shows every candidate, why it was "
+                                   "passed over, and what it costs in memory. A draft pair llama.cpp would "
+                                   "refuse is never chosen.")
+    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                   help="a GGUF path or a model name in models/ (default: the embedded Gemma 3 270M)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--spec", default="auto", metavar="MODE",
+                   help="auto | off | ngram | draft:PATH | mtp (default auto), as for `up`")
+    p.add_argument("--ctx", type=int, default=4096, metavar="N",
+                   help="context for the memory figures (default 4096, as `up`)")
+    p.add_argument("--self-draft", default=None, metavar="QUANT",
+                   help="first make a low-bit copy of MODEL (Q2_K, Q3_K_S, IQ2_XXS...) with llama-quantize "
+                        "and record it as MODEL's draft in your pairings.toml")
+    p.add_argument("--no-probe", action="store_true",
+                   help="skip tokenizing the probe corpus with both models of a draft pair")
+    p.add_argument("--engine", default=None, metavar="PATH",
+                   help="llama-server whose spec types count (default: the best one found)")
+    p.set_defaults(func=cmd_pair)
 
     p = sub.add_parser("devices", help="list GPUs and host memory",
                        description="Probe every GPU vendor (NVIDIA via NVML, AMD via amdsmi or sysfs, "

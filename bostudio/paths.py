@@ -39,6 +39,15 @@ def source_dir() -> Path:
     return cache_dir() / "src"
 
 
+def data_dir() -> Path:
+    return _xdg("XDG_DATA_HOME", ".local/share")
+
+
+def drafts_dir() -> Path:
+    """Draft models bostudio made (self-drafts from `bostudio pair --self-draft`)."""
+    return data_dir() / "drafts"
+
+
 def logs_dir() -> Path:
     return state_dir() / "logs"
 

@@ -1,6 +1,7 @@
 """Which speculator to run: parse the user's `--spec` and choose what pays for this model and engine.
 
-Pure: no file, process or network access. (The pairing table of issue 5 extends `choose_speculator`.)
+Pure: no file, process or network access. `choose_speculator` serves the explicit modes and the table-less
+auto fallback; `bostudio.pairing.select` adds the pairing table, auto-detection and compatibility checks.
 """
 
 from __future__ import annotations
@@ -19,16 +20,46 @@ class SpecRequest:
     draft: Path | None = None
 
 
+# llama.cpp instantiates (and tries) implementations in this fixed order whatever the command line says
+# (common/speculative.cpp:2612-2627, reference 1.4): draftless n-gram types first, then the draft types.
+SPEC_TYPE_ORDER = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
+                   "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
+NGRAM_VARIANTS = SPEC_TYPE_ORDER[:5]
+# speculator kind -> its --spec-type
+KIND_SPEC_TYPE = {"draft": "draft-simple", "eagle3": "draft-eagle3", "mtp": "draft-mtp",
+                  "dflash": "draft-dflash", "dspark": "draft-dspark"}
+KINDS = ("none", "ngram", *KIND_SPEC_TYPE)
+# the n-gram parameters each variant takes: --spec-<variant>-<name with - for _>
+NGRAM_PARAMS = {"ngram-simple": ("size_n", "size_m", "min_hits"), "ngram-map-k": ("size_n", "size_m", "min_hits"),
+                "ngram-map-k4v": ("size_n", "size_m", "min_hits"), "ngram-mod": ("n_match", "n_min", "n_max"),
+                "ngram-cache": ()}
+
+
+def ordered_spec_types(types: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """`types` without duplicates, in the order llama.cpp runs them."""
+    unknown = [t for t in types if t not in SPEC_TYPE_ORDER]
+    if unknown:
+        raise ConfigError(f"unknown speculative type {unknown[0]!r}", "one of: " + ", ".join(SPEC_TYPE_ORDER))
+    return tuple(t for t in SPEC_TYPE_ORDER if t in types)
+
+
 @dataclass(frozen=True)
 class Speculator:
-    """What llama-server is asked to run. `spec_types` are `--spec-type` names."""
+    """What llama-server is asked to run. `spec_types` are `--spec-type` names in llama.cpp's order.
 
-    kind: str  # none | ngram | draft | mtp
+    kind is the main speculator (none | ngram | draft | mtp | dflash | dspark | eagle3); an n-gram type may
+    run alongside a draft kind (spec_types then holds both). ngram_params are (variant, name, value).
+    """
+
+    kind: str
     spec_types: tuple[str, ...] = ()
     draft: Path | None = None
     n_max: int | None = None
     n_min: int | None = None
     p_min: float | None = None
+    cache_type_k_draft: str | None = None  # -ctkd; llama.cpp's default is f16, not the target's type
+    cache_type_v_draft: str | None = None  # -ctvd
+    ngram_params: tuple[tuple[str, str, int], ...] = ()
     reason: str = ""
 
     @property

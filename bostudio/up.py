@@ -19,10 +19,11 @@ from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import ConfigError, ModelError, PortInUseError, ServerError
 from bostudio.gguf import describe
 from bostudio.hardware import discover_devices
+from bostudio.pairing.pair import choose
 from bostudio.planner import Plan, plan_for_launch
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import ServerProcess, tail
-from bostudio.speculation import Speculator, choose_speculator, parse_spec
+from bostudio.speculation import Speculator, parse_spec
 
 # A probe that makes n-gram speculation draft: the continuation repeats text already in the context.
 PROBE_PROMPT = "def add(a, b):\n    return a + b\n\n" * 6 + "def add(a, b):\n"
@@ -128,11 +129,13 @@ def prepare_launch(opts: UpOptions, note=print) -> Prepared:  # type: ignore[no-
         raise ModelError(f"draft model {request.draft} not found", "pass an existing .gguf file as --spec draft:PATH")
     model = resolve_model(opts.model, log=note)
     info = describe(model)  # raises GGUFFormatError for truncated or crafted files
-    draft_info = describe(request.draft) if request.draft is not None else None
+    if request.draft is not None:
+        describe(request.draft)
     check_port_free(opts.host, opts.port)
     engine = find_engine(opts.engine)
-    speculator = choose_speculator(request, n_nextn=info.n_nextn if info.mtp_usable else 0,
-                                   engine_spec_types=engine.spec_types, has_gpu=engine.gpu_mib() > 0)
+    # The pairing table, auto-detection and the compatibility check; an incompatible draft raises here.
+    speculator = choose(info, request, engine, opts.ctx or info.n_ctx_train)[0].speculator
+    draft_info = describe(speculator.draft) if speculator.draft is not None else None
     # The memory plan sets context, offload, slots and cache types; in auto mode it may trade a
     # draft for a cheaper speculator when the draft would cost too much context.
     devices = discover_devices(engine_devices=engine.devices).devices

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Benchmark: decode speed with speculation off vs `--spec auto`, side by side in one run, plus the
-time `bostudio up` takes to be ready. Prints the numbers and their ratios.
+"""Benchmark: decode speed with speculation off vs `--spec auto` (or a given --spec, or a self-draft), side by
+side in one run, plus the time `bostudio up` takes to be ready. Prints the numbers, ratios and acceptance.
 
-    .venv/bin/python scripts/bench_spec.py [MODEL] [--tokens N] [--repeats R]
+    .venv/bin/python scripts/bench_spec.py [MODEL] [--tokens N] [--repeats R] [--spec MODE]
+    .venv/bin/python scripts/bench_spec.py [MODEL] --self-draft Q2_K     # make/reuse a low-bit copy as draft
 
 Workloads (greedy): a code continuation sent several times (n-gram speculation learns from what
 the server generated before, so the first run and the repeats are reported apart) and a prose prompt.
@@ -23,6 +24,9 @@ from pathlib import Path
 
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import ServerProcess
+from bostudio.catalog.resolve import resolve_model
+from bostudio.engine.discover import find_engine
+from bostudio.pairing.pair import make_self_draft
 from bostudio.up import Prepared, UpOptions, prepare_launch
 
 CODE = (
@@ -30,6 +34,7 @@ CODE = (
     "    email: str\n    age: int\n\n    def to_json(self) -> str:\n        return json.dumps({\"name\": self.name, "
     "\"email\": self.email, \"age\": self.age})\n\n\n@dataclass\nclass Order:\n    id: int\n    user: User\n"
 )
+COMPLETION_TIMEOUT_S = 900.0  # a loaded shared CPU can take minutes for one request
 PROSE = "The history of the printing press begins in the fifteenth century, when"
 
 
@@ -49,11 +54,11 @@ def measure(opts: UpOptions, tokens: int, repeats: int, logdir: Path) -> tuple[P
         server.wait_ready()
         out: dict = {}
         with LlamaClient(server.base_url, timeout=None) as c:
-            c.completion("Hello", 4)  # warm-up
-            runs = [c.completion(CODE, tokens)["timings"] for _ in range(repeats)]
+            c.completion("Hello", 4, timeout=COMPLETION_TIMEOUT_S)  # warm-up
+            runs = [c.completion(CODE, tokens, timeout=COMPLETION_TIMEOUT_S)["timings"] for _ in range(repeats)]
             out["code, first run"] = [runs[0]]
             out["code, repeats"] = runs[1:]
-            out["prose"] = [c.completion(PROSE, tokens)["timings"]]
+            out["prose"] = [c.completion(PROSE, tokens, timeout=COMPLETION_TIMEOUT_S)["timings"]]
         return prep, out
     finally:
         server.stop()
@@ -80,23 +85,31 @@ def main() -> None:
     ap.add_argument("model", nargs="?", default=None)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--spec", default="auto", help="auto | ngram | mtp | draft:PATH (default auto)")
+    ap.add_argument("--self-draft", default=None, metavar="QUANT", help="draft with a QUANT copy of the model")
+    ap.add_argument("--no-up", action="store_true", help="skip timing `bostudio up`")
     args = ap.parse_args()
 
+    spec = args.spec
+    if args.self_draft:
+        spec = f"draft:{make_self_draft(resolve_model(args.model), args.self_draft, find_engine(), log=print)}"
     with tempfile.TemporaryDirectory() as tmp:
         _, off = measure(UpOptions(model=args.model, spec="off"), args.tokens, args.repeats, Path(tmp))
-        prep, on = measure(UpOptions(model=args.model, spec="auto"), args.tokens, args.repeats, Path(tmp))
+        prep, on = measure(UpOptions(model=args.model, spec=spec), args.tokens, args.repeats, Path(tmp))
     e = prep.engine
     print(f"model: {prep.launch.model.name}  engine: {e.path} ({e.version}, {e.commit})  cpus: {os.cpu_count()}")
-    print(f"auto picks: {prep.launch.speculator.label} ({prep.launch.speculator.reason})")
+    print(f"--spec {spec} picks: {prep.launch.speculator.label} ({prep.launch.speculator.reason})")
     print(f"launch: {' '.join(prep.argv[1:])}")
-    print(f"\n{'workload':22s} {'off tok/s':>10s} {'auto tok/s':>11s} {'ratio':>7s} {'accepted/drafted':>18s}")
+    print(f"\n{'workload':22s} {'off tok/s':>10s} {'spec tok/s':>11s} {'ratio':>7s} {'accepted/drafted':>18s}")
     for name in off:
         a = statistics.mean(t["predicted_per_second"] for t in off[name])
         b = statistics.mean(t["predicted_per_second"] for t in on[name])
         drafted = sum(t.get("draft_n", 0) for t in on[name])
         accepted = sum(t.get("draft_n_accepted", 0) for t in on[name])
-        print(f"{name:22s} {a:10.1f} {b:11.1f} {b / a:6.2f}x {accepted:>8d}/{drafted:<8d}")
-    print(f"\n`bostudio up` to ready (launch, health, probe): {time_up(args.model):.1f} s")
+        rate = f"{100 * accepted / drafted:.0f}%" if drafted else "-"
+        print(f"{name:22s} {a:10.1f} {b:11.1f} {b / a:6.2f}x {accepted:>8d}/{drafted:<8d} {rate:>5s}")
+    if not args.no_up:
+        print(f"\n`bostudio up` to ready (launch, health, probe): {time_up(args.model):.1f} s")
 
 
 if __name__ == "__main__":

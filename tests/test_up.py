@@ -151,3 +151,23 @@ def test_up_by_name_from_models_dir(engine, gemma_gguf, env) -> None:
         rc, _ = up.stop(signal.SIGINT)
     assert rc == 0
     assert _gone(servers)
+
+
+def test_up_auto_uses_the_mtp_head_pairing_finds(engine, env, tmp_path: Path) -> None:
+    """Launch integration: auto on a NextN target picks its MTP head, launches draft-mtp and proves it."""
+    from tests.gguf_factory import BYTE_VOCAB, BYTE_VOCAB_TYPES, tiny_glm4moe_mtp
+
+    model = tiny_glm4moe_mtp(tmp_path / "glm-mtp.gguf", vocab=BYTE_VOCAB, token_types=BYTE_VOCAB_TYPES)
+    env = dict(env, XDG_CONFIG_HOME=str(tmp_path / "config"))
+    port = free_port()
+    up = Up([str(model), "--port", str(port), "--ctx", "1024"], env)
+    try:
+        fields = up.wait_ready()
+        assert fields["speculation"].startswith("draft-mtp - active: the probe drafted")
+        assert "MTP head" in fields["why"]
+        servers = up.servers()
+        assert "--spec-type draft-mtp" in " ".join(servers[0].cmdline())
+    finally:
+        rc, err = up.stop(signal.SIGINT)
+    assert rc == 0, err
+    assert _gone(servers)

@@ -50,6 +50,12 @@ def build_argv(server: Path, flags: frozenset[str], spec: LaunchSpec) -> list[st
             argv += ["--spec-draft-n-min", str(sp.n_min)]
         if sp.p_min is not None:
             argv += ["--spec-draft-p-min", f"{sp.p_min:g}"]
+        if sp.cache_type_k_draft is not None:
+            argv += ["-ctkd", sp.cache_type_k_draft]
+        if sp.cache_type_v_draft is not None:
+            argv += ["-ctvd", sp.cache_type_v_draft]
+        for variant, name, value in sp.ngram_params:
+            argv += [f"--spec-{variant}-{name.replace('_', '-')}", str(value)]
     argv += list(spec.extra_args)
     used = [a for a in argv[1:] if a.startswith("-") and not _is_number(a)]
     missing = sorted({a for a in used if a not in flags})

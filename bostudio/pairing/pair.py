@@ -1,0 +1,194 @@
+"""The edge of pairing: read the table and the local GGUFs, check compatibility, call the pure `select`,
+probe tokenization, make self-drafts with llama-quantize and record them in the user's table."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bostudio import paths
+from bostudio.catalog.index import scan_catalog
+from bostudio.engine.discover import Engine
+from bostudio.errors import BostudioError, ConfigError, EngineError, GGUFFormatError
+from bostudio.gguf import ModelInfo, describe
+from bostudio.hardware.device import Device
+from bostudio.pairing.compat import check_compatibility
+from bostudio.pairing.cost import CPU_ONLY, speculator_memory_bytes
+from bostudio.pairing.probe import ProbeResult, probe_tokenization
+from bostudio.pairing.select import DraftFile, Selection, select
+from bostudio.pairing.table import PairingTable, load_pairings, parse_table, user_table_path
+from bostudio.speculation import DRAFT_N_MAX, SpecRequest
+
+QUANTIZE_TIMEOUT_S = 1800.0
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PairReport:
+    target: ModelInfo
+    selection: Selection
+    probe: ProbeResult | None  # tokenization probe of the chosen draft-simple pair
+    tables: tuple[Path, ...]
+
+    def to_json(self) -> dict:
+        return {"target": str(self.target.path), "architecture": self.target.architecture,
+                "tokenizer_fingerprint": self.target.tokenizer.fingerprint,
+                "tables": [str(t) for t in self.tables], **self.selection.to_json(),
+                "probe": self.probe.to_json() if self.probe else None}
+
+
+def _could_draft(target: ModelInfo, info: ModelInfo) -> bool:
+    """A cheap pre-filter on (possibly cached) metadata before a file is described and checked in full."""
+    if info.kind == "drafter":
+        return True
+    t, d = target.tokenizer, info.tokenizer
+    return info.kind == "model" and t.model == d.model and abs(t.vocab_size - d.vocab_size) <= 128
+
+
+def local_gguf_paths(target: ModelInfo, extra: Iterable[Path] = ()) -> list[Path]:
+    """GGUFs that could draft for `target`: the catalog's (every store it scans) that pass a cheap
+    tokenizer pre-filter, the target's own folder (drafters sit beside their target), and `extra`."""
+    seen: dict[Path, None] = {}
+    for entry in scan_catalog():
+        if entry.info is not None and _could_draft(target, entry.info):
+            seen.setdefault(entry.path.resolve(), None)
+    if target.path.parent.is_dir():
+        for p in sorted(target.path.parent.glob("*.gguf")):
+            seen.setdefault(p.resolve(), None)
+    seen.pop(target.path.resolve(), None)
+    for p in extra:  # a draft named explicitly may be the target itself (a self-draft test)
+        seen.setdefault(p.resolve(), None)
+    return list(seen)
+
+
+def draft_files(target: ModelInfo, candidates: Iterable[Path]) -> list[DraftFile]:
+    """Describe each candidate file and check it against the target; unreadable files are left out."""
+    out = []
+    for p in candidates:
+        try:
+            info = describe(p)
+        except (GGUFFormatError, OSError):
+            continue
+        if info.kind not in ("model", "drafter"):
+            continue
+        out.append(DraftFile(info, check_compatibility(target, info)))
+    return out
+
+
+def engine_devices(engine: Engine) -> tuple[Device, ...]:
+    gpus = tuple(Device(vendor=d.backend, backend=d.backend, name=d.description, index=i,
+                        total_bytes=d.total_mib * MIB, free_bytes=d.free_mib * MIB, engine_name=d.name)
+                 for i, d in enumerate(engine.devices))
+    return CPU_ONLY + gpus
+
+
+def choose(target: ModelInfo, request: SpecRequest, engine: Engine, ctx: int = 4096,
+           table: PairingTable | None = None) -> tuple[Selection, PairingTable]:
+    """Select the speculator for `target` with the user's and the shipped tables and the local GGUFs.
+    Explicit modes (off, ngram, mtp, draft:PATH) need neither the tables nor a scan of the catalog."""
+    if request.mode != "auto":
+        table = PairingTable() if table is None else table
+        drafts = draft_files(target, [request.draft] if request.draft is not None else [])
+    else:
+        table = load_pairings() if table is None else table
+        named = [c.draft for e in table.entries for c in e.candidates if c.draft is not None]
+        drafts = draft_files(target, local_gguf_paths(target, named))
+    devices = engine_devices(engine)
+
+    def cost(sp, draft):  # type: ignore[no-untyped-def]
+        return speculator_memory_bytes(target, sp, draft, ctx, devices)
+
+    sel = select(target, table, request, engine_spec_types=engine.spec_types, drafts=drafts, cost=cost,
+                 has_gpu=engine.gpu_mib() > 0)
+    return sel, table
+
+
+def pair_model(target_path: Path, engine: Engine, request: SpecRequest = SpecRequest("auto"), ctx: int = 4096,
+               probe: bool = True) -> PairReport:
+    target = describe(target_path)
+    sel, table = choose(target, request, engine, ctx)
+    result = None
+    sp = sel.speculator
+    if probe and sp.kind == "draft" and sp.draft is not None:
+        result = probe_tokenization(target.path, sp.draft)
+    return PairReport(target, sel, result, table.files)
+
+
+# ------------------------------------------------------------------------------------------------ self-draft
+
+def self_draft_path(target: Path, quant: str) -> Path:
+    stem = target.name[:-5] if target.name.lower().endswith(".gguf") else target.name
+    return paths.drafts_dir() / f"{stem}.self-{quant}.gguf"
+
+
+def make_self_draft(target: Path, quant: str, engine: Engine, log: Callable[[str], None] = print,
+                    force: bool = False) -> Path:
+    """A low-bit copy of `target` made with the engine's llama-quantize (cached by name)."""
+    tool = engine.tool("llama-quantize")
+    if tool is None:
+        raise EngineError(f"no llama-quantize beside {engine.path}",
+                          "build the engine with `bostudio engine build` (it builds llama-quantize too)")
+    out = self_draft_path(target, quant)
+    if out.exists() and not force:
+        log(f"self-draft {out} already exists")
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".partial")
+    log(f"quantizing {target.name} to {quant} with {tool.name} ...")
+    try:
+        proc = subprocess.run([str(tool), "--allow-requantize", str(target), str(tmp), quant],
+                              capture_output=True, text=True, errors="replace", timeout=QUANTIZE_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        tmp.unlink(missing_ok=True)
+        raise EngineError(f"llama-quantize took over {QUANTIZE_TIMEOUT_S:.0f} s", "try again on a quieter machine") from exc
+    if proc.returncode != 0 or not tmp.exists():
+        tmp.unlink(missing_ok=True)
+        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+        detail = next((ln for ln in reversed(lines) if "invalid" in ln.lower() or "error" in ln.lower()),
+                      lines[-1] if lines else "no output")
+        raise ConfigError(f"llama-quantize could not make a {quant} copy: {detail.strip()}",
+                          "use a type llama-quantize lists, e.g. Q2_K, Q3_K_S, Q4_K_M, IQ2_XXS (IQ types "
+                          "need an importance matrix)")
+    tmp.replace(out)
+    return out
+
+
+def _toml_str(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def record_self_draft(target: ModelInfo, draft: Path, quant: str, table_path: Path | None = None,
+                      n_max: int = DRAFT_N_MAX) -> bool:
+    """Add a pairing target -> self-draft to the user's table; False when it is already there."""
+    table_path = user_table_path() if table_path is None else table_path
+    old = table_path.read_text(encoding="utf-8") if table_path.exists() else "version = 1\n"
+    existing = parse_table(old, table_path)
+    if any(c.draft == draft.resolve() for e in existing.entries for c in e.candidates):
+        return False
+    lines = [
+        "[[pairing]]",
+        f"name = {_toml_str('self-draft ' + target.path.name)}",
+        f"note = {_toml_str(f'{quant} copy of the target made by `bostudio pair --self-draft {quant}`')}",
+        "[pairing.match]",
+        f"name = [{_toml_str(target.path.name)}]",
+        f"tokenizer = [{_toml_str(target.tokenizer.fingerprint)}]" if target.tokenizer.fingerprint else "",
+        "[[pairing.candidate]]",
+        'kind = "draft"',
+        f"draft = {_toml_str(str(draft.resolve()))}",
+        "self_draft = true",
+        f"n_max = {n_max}",
+        f"note = {_toml_str('the same model at low precision: same tokenizer, high acceptance')}",
+    ]
+    new = old.rstrip("\n") + "\n\n" + "\n".join(ln for ln in lines if ln) + "\n"
+    try:
+        parse_table(new, table_path)
+    except BostudioError as exc:  # never leave the user's table unreadable
+        raise ConfigError(f"could not record the self-draft in {table_path}: {exc}",
+                          "fix the table by hand and run the command again") from exc
+    table_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = table_path.with_suffix(".toml.tmp")
+    tmp.write_text(new, encoding="utf-8")
+    tmp.replace(table_path)
+    return True
