@@ -120,7 +120,7 @@ def choose_speculator(req: SpecRequest, *, n_nextn: int, engine_spec_types: tupl
     if n_nextn > 0 and "draft-mtp" in engine_spec_types:
         return Speculator("mtp", ("draft-mtp",), n_max=3,
                           reason=f"auto: the model has a built-in MTP head ({n_nextn} NextN layer(s)); "
-                                 "it drafts at almost no memory cost")
+                                 "it needs no second model")
     need(NGRAM)
     where = "a GPU" if has_gpu else "a CPU"
     return Speculator("ngram", NGRAM,

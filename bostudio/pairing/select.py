@@ -136,7 +136,7 @@ class _Evaluator:
         t = self.target
         if c.kind == "ngram":
             sp = _speculator(c, "ngram", None, None, f"{c.variant}: drafts from text already in the context, "
-                                                     "almost no memory")
+                                                     "no second model")
             return self._engine_check(c, origin, sp, None, sp.reason)
         if c.kind == "mtp" and c.draft is None and not c.find:
             if not t.has_mtp:

@@ -18,7 +18,16 @@ from bostudio.speculation import NGRAM, Speculator
 if TYPE_CHECKING:
     from bostudio.gguf.describe import ModelInfo
 
-SPEC_KINDS = ("none", "ngram", "draft", "mtp")
+SPEC_KINDS = ("none", "ngram", "draft", "mtp", "dflash", "dspark", "eagle3")
+# DFlash/DSpark/EAGLE3 drafters and MTP sidecars are second models with their own context: planned
+# like a draft (their recurrent-state copies on hybrid targets are not modelled).
+DRAFT_MODEL_KINDS = ("draft", "dflash", "dspark", "eagle3")
+
+
+def _plan_kind(spec: Speculator) -> str:
+    if spec.kind in DRAFT_MODEL_KINDS or (spec.kind == "mtp" and spec.draft is not None):
+        return "draft"
+    return spec.kind
 NGRAM_MOD_BYTES = 4194304 * 4  # ngram-mod's hash table: "mod size=4194304 (16.000 MB)", host RAM
 DEFAULT_MIN_CTX = 32768
 # The one component llama.cpp allocates after load (so its load log never shows it).
@@ -49,11 +58,12 @@ class _Spec:
 def _spec(spec: Speculator, draft: "ModelInfo | None", intent: "Intent") -> _Spec:
     if spec.kind not in SPEC_KINDS:
         raise PlanError(f"unknown speculator {spec.kind!r}", f"one of {', '.join(SPEC_KINDS)}")
-    if spec.kind == "draft" and draft is None:
+    kind = _plan_kind(spec)
+    if kind == "draft" and draft is None:
         raise PlanError("a draft speculator needs the draft model's header to be planned",
                         "pass draft=describe(draft_path)")
-    default = NGRAM_MOD_N_MAX_DEFAULT if spec.kind == "ngram" else DRAFT_N_MAX_DEFAULT
-    return _Spec(spec.kind, draft if spec.kind == "draft" else None,
+    default = NGRAM_MOD_N_MAX_DEFAULT if kind == "ngram" else DRAFT_N_MAX_DEFAULT
+    return _Spec(kind, draft if kind == "draft" else None,
                  spec.n_max if spec.n_max is not None else default,
                  intent.draft_cache_type_k, intent.draft_cache_type_v)
 
@@ -156,9 +166,9 @@ class Plan:
                 "-ctk", i.cache_type_k, "-ctv", i.cache_type_v, "-fit", "off"]
         if i.cache_type_v not in ("f16", "bf16", "f32") or not i.flash_attn:
             args += ["-fa", "on" if i.flash_attn else "off"]  # a quantized V cache needs flash attention
-        if o.speculator.kind == "draft":
+        if _plan_kind(o.speculator) == "draft":
             args += ["-ngld", str(o.n_gpu_layers_draft)]
-        if o.speculator.kind in ("draft", "mtp"):
+        if _plan_kind(o.speculator) in ("draft", "mtp"):
             args += ["-ctkd", i.draft_cache_type_k, "-ctvd", i.draft_cache_type_v]
         return args
 
@@ -392,7 +402,7 @@ def plan(model: "ModelInfo", devices: Iterable[Device], intent: Intent = Intent(
     devs = tuple(devices)
     if not devs:
         raise PlanError("no devices to plan for", "run `bostudio devices` or pass --devices-file")
-    if speculator.kind == "mtp" and not model.n_nextn:
+    if speculator.kind == "mtp" and speculator.draft is None and not model.n_nextn:
         raise PlanError(f"{model.path.name} has no MTP (NextN) layers to speculate with",
                         "use n-gram speculation or a draft model")
     without = fit_option(model, devs, intent, NO_SPEC)
