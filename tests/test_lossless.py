@@ -30,6 +30,7 @@ NEAR_TIE_NATS = 0.1
 TOP_K = 5
 BATCH_NOISE_NATS = 0.5  # the widest margin batched arithmetic may flip, when reproduced by a batch
 N_PREDICT = 96
+COMPLETION_TIMEOUT_S = 900
 PROMPTS = [
     # Code with repetition: n-gram speculation drafts here.
     "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
@@ -72,7 +73,9 @@ def servers(engine, gemma_gguf: Path, tmp_path_factory) -> Iterator[dict[str, Ll
 
 
 def generate(client: LlamaClient, prompt: str, n_probs: int = 0) -> dict:
-    return client.completion(prompt, N_PREDICT, return_tokens=True, n_probs=n_probs, seed=0, top_k=1)
+    # Generous: a loaded shared CI machine can be many times slower than a desktop.
+    return client.completion(prompt, N_PREDICT, timeout=COMPLETION_TIMEOUT_S, return_tokens=True,
+                             n_probs=n_probs, seed=0, top_k=1)
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
