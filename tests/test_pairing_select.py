@@ -15,9 +15,9 @@ from bostudio.engine.discover import KNOWN_SPEC_TYPES
 from bostudio.errors import ConfigError
 from bostudio.gguf import describe
 from bostudio.pairing.compat import check_compatibility
+from bostudio.pairing.cost import speculator_memory_bytes
 from bostudio.pairing.select import DraftFile, select
-from bostudio.pairing.table import load_table_file, parse_table
-from bostudio.pairing.table import shipped_table_path
+from bostudio.pairing.table import load_table_file, parse_table, shipped_table_path
 from bostudio.speculation import SpecRequest, Speculator
 from tests.gguf_factory import BYTE_VOCAB, BYTE_VOCAB_TYPES, VOCAB, tiny_drafter, tiny_glm4moe_mtp, tiny_llama, vocab_model
 
@@ -162,7 +162,10 @@ def test_pair_explains_gemma(gemma_gguf: Path, tmp_path: Path) -> None:
     out = proc.stdout
     assert "speculator : ngram-mod" in out
     assert "passed over: the only local model matching '*gemma-3-270m*' is the target itself" in out
-    assert "16.0 MiB  chosen" in out
+    # n-gram costs its 16 MiB table plus output buffers sized for 64-token drafts over a 262k vocabulary.
+    cost = speculator_memory_bytes(describe(gemma_gguf), Speculator("ngram", ("ngram-mod",)), None, 4096)
+    assert cost > 16 * 2**20
+    assert f"{cost / 2**20:.1f} MiB  chosen" in out
 
 
 def test_pair_json_for_mtp_and_dflash(tmp_path: Path) -> None:
