@@ -7,8 +7,11 @@ the CLI prints its message and hint on one line each and exits non-zero, never a
     │   └── GGUFFormatError  a file is not a readable GGUF (truncated, crafted, ...)
     ├── EngineError          no usable llama-server, a failed probe
     │   └── BuildError       building llama.cpp failed or a toolchain is missing
-    └── ServerError          llama-server did not start, crashed or misbehaved
-        └── PortInUseError   the port we were asked to bind is taken
+    ├── ServerError          llama-server did not start, crashed or misbehaved
+    │   ├── PortInUseError   the port we were asked to bind is taken
+    │   └── OutOfMemoryError llama-server ran out of memory while loading
+    ├── DaemonError          the bostudio daemon is not running, refused, or failed a request
+    └── RequestError         an API request the daemon rejects (bad or harmful parameters): HTTP 400
 """
 
 from __future__ import annotations
@@ -54,3 +57,15 @@ class ServerError(BostudioError):
 
 class PortInUseError(ServerError):
     title = "port in use"
+
+
+class OutOfMemoryError(ServerError):
+    title = "out of memory"
+
+
+class DaemonError(BostudioError):
+    title = "daemon error"
+
+
+class RequestError(BostudioError):
+    title = "bad request"
