@@ -47,3 +47,13 @@ def models_dir() -> Path:
     """The project's own models dir (`models/` at the top level); BOSTUDIO_MODELS_DIR overrides."""
     value = os.environ.get("BOSTUDIO_MODELS_DIR")
     return Path(value) if value else PROJECT_ROOT / "models"
+
+
+def systemd_user_dir() -> Path:
+    """Where systemd looks for user units: $XDG_CONFIG_HOME/systemd/user."""
+    return config_dir().parent / "systemd" / "user"
+
+
+def launch_agents_dir() -> Path:
+    """Where launchd looks for a user's agents (macOS)."""
+    return Path.home() / "Library" / "LaunchAgents"
