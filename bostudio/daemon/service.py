@@ -92,6 +92,10 @@ def run_daemon(opts: DaemonOptions) -> int:
     config = uvicorn.Config(app, host=opts.host, port=opts.port, log_config=None, access_log=False,
                             lifespan="on", timeout_graceful_shutdown=5, server_header=False)
     server = uvicorn.Server(config)
+    # uvicorn re-raises the signal that stopped it once it has shut down; a stop we asked for is a
+    # clean exit (status 0, state file removed), so that re-raise must find a handler, not the default.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: None)
     try:
         server.run()
     finally:
