@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import httpx
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,7 +28,7 @@ from bostudio.daemon.guard import check_request
 from bostudio.daemon.security import SecurityMiddleware
 from bostudio.daemon.stats import timings_from_body, timings_from_sse
 from bostudio.daemon.supervisor import READY, Instance, Supervisor, SupervisorOptions
-from bostudio.errors import BostudioError, ModelError, RequestError, ServerError
+from bostudio.errors import BostudioError, ConfigError, ModelError, RequestError, ServerError
 from bostudio.runtime.process import tail
 
 log = logging.getLogger("bostudio.daemon")
@@ -56,7 +57,7 @@ def openai_error(status: int, message: str, type_: str, hint: str = "", code: st
 
 def error_response(exc: BaseException) -> JSONResponse:
     """Every error leaves the daemon as OpenAI-shaped JSON."""
-    if isinstance(exc, RequestError):
+    if isinstance(exc, (RequestError, ConfigError)):
         return openai_error(400, exc.message, "invalid_request_error", exc.hint)
     if isinstance(exc, ModelError):
         return openai_error(404, exc.message, "not_found_error", exc.hint, "model_not_found")
@@ -133,27 +134,33 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
             return openai_error(400, "the request body is not JSON", "invalid_request_error")
         try:
             name = check_request(body)
-            inst = await sup.get_ready(name)
-        except (BostudioError, asyncio.TimeoutError) as exc:
+        except BostudioError as exc:
             return error_response(exc)
-        return await forward(inst, path, raw, streaming=body.get("stream") is True)
+        streaming = body.get("stream") is True
+        for attempt in (1, 2):
+            try:
+                inst = await sup.get_ready(name)
+            except (BostudioError, asyncio.TimeoutError) as exc:
+                return error_response(exc)
+            inst.active += 1
+            inst.stats.requests += 1
+            try:
+                if inst.http is None:
+                    raise httpx.ConnectError("instance is not ready")
+                upstream = await inst.http.send(inst.http.build_request(
+                    "POST", path, content=raw, headers={"content-type": "application/json"}), stream=True)
+                return forward(inst, upstream, streaming)
+            except httpx.HTTPError as exc:
+                inst.active -= 1
+                inst.stats.errors += 1
+                # Not connected means not sent: if the child just died, wait for the reload and retry once.
+                if attempt == 1 and isinstance(exc, httpx.ConnectError) and await sup.confirm_exited(inst):
+                    continue
+                return openai_error(502, f"llama-server for {inst.name} failed: {exc!r}", "server_error",
+                                    "the model is restarted automatically; send the request again")
+        raise AssertionError("unreachable")
 
-    async def forward(inst: Instance, path: str, raw: bytes, streaming: bool) -> Response:
-        inst.active += 1
-        inst.stats.requests += 1
-        http = inst.http
-        try:
-            if http is None:
-                raise httpx.ConnectError("instance is not ready")
-            upstream = await http.send(http.build_request("POST", path, content=raw,
-                                                          headers={"content-type": "application/json"}),
-                                       stream=True)
-        except httpx.HTTPError as exc:
-            inst.active -= 1
-            inst.stats.errors += 1
-            return openai_error(502, f"llama-server for {inst.name} failed: {exc!r}", "server_error",
-                                "the model is restarted automatically; send the request again")
-
+    def forward(inst: Instance, upstream: httpx.Response, streaming: bool) -> Response:
         async def relay() -> AsyncIterator[bytes]:
             body = bytearray()
             try:
@@ -180,8 +187,10 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
                     raise
             finally:
                 # A client that disconnects cancels this generator: closing the upstream response
-                # closes its connection, and llama-server cancels the generation.
-                await upstream.aclose()
+                # closes its connection, and llama-server cancels the generation. The close is
+                # shielded: inside a cancelled anyio scope every unshielded await is cancelled too.
+                with anyio.CancelScope(shield=True):
+                    await upstream.aclose()
                 inst.active -= 1
                 inst.last_used = time.monotonic()
 

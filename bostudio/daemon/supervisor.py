@@ -210,6 +210,17 @@ class Supervisor:
         inst.last_used = time.monotonic()
         return inst
 
+    async def confirm_exited(self, inst: Instance, wait: float = 2.0) -> bool:
+        """True if `inst`'s server has exited; then waits until the supervisor has noticed, so that
+        the next get_ready() waits for the restart instead of routing to the dead port."""
+        proc = inst.proc
+        if proc is None or proc.alive():
+            return False
+        deadline = time.monotonic() + wait
+        while inst.state == READY and inst.proc is proc and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return True
+
     def launch(self, cfg: ModelConfig) -> Instance:
         """Start (or keep) the instance of `cfg` loading; returns at once."""
         inst = self.instances.get(cfg.name)
