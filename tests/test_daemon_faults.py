@@ -60,12 +60,16 @@ class Events:
         assert self.events and self.events[0]["type"] == "snapshot"
 
     def _run(self, url: str) -> None:
-        with httpx.stream("GET", url + "/bostudio/events", timeout=httpx.Timeout(5, read=None), trust_env=False) as r:
-            for line in r.iter_lines():
-                if self._stop:
-                    return
-                if line.startswith("data:"):
-                    self.events.append(json.loads(line[5:]))
+        try:
+            with httpx.stream("GET", url + "/bostudio/events", timeout=httpx.Timeout(5, read=None),
+                              trust_env=False) as r:
+                for line in r.iter_lines():
+                    if self._stop:
+                        return
+                    if line.startswith("data:"):
+                        self.events.append(json.loads(line[5:]))
+        except httpx.HTTPError:
+            return  # the daemon stopped
 
     def states(self, model: str) -> list[str]:
         return [e["state"] for e in self.events if e.get("type") == "state" and e.get("model") == model]
@@ -287,4 +291,29 @@ def test_non_loopback_bind_with_a_token_requires_it(tmp_path: Path, fake_root: P
         r = httpx.get(d.url + "/v1/models", headers={"Authorization": f"Bearer {token}"}, trust_env=False)
         assert r.status_code == 200
     finally:
+        assert d.stop() == 0
+
+
+def test_lru_eviction_when_memory_is_needed_and_idle_unload(fake_root: Path, tmp_path: Path) -> None:
+    # Each fake instance is planned at ~64 MiB (overhead) + a few KiB: a 100 MiB budget holds one.
+    d = DaemonProc(tmp_path, fake_root / "models", ["--engine", str(fake_root / "llama-server"),
+                                                    "--memory-budget", "100", "--idle-ttl", "2"]).start()
+    events = Events(d.url)
+    try:
+        with httpx.Client(base_url=d.url, timeout=30, trust_env=False) as http:
+            assert http.post("/v1/completions", json={"model": "fake-ok", "prompt": "x"}).status_code == 200
+            assert http.post("/v1/completions", json={"model": "fake-ok2", "prompt": "x"}).status_code == 200
+            states = {i["model"]: i["state"] for i in http.get("/bostudio/instances").json()["instances"]}
+            assert states == {"fake-ok": "stopped", "fake-ok2": "ready"}
+            assert [e["model"] for e in events.events if e["type"] == "evict"] == ["fake-ok"]
+            assert len(d.children()) == 1
+            deadline = time.monotonic() + 6
+            while d.instance("fake-ok2")["state"] != "stopped" and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert d.instance("fake-ok2")["state"] == "stopped"
+            idle = [e for e in events.events if e.get("state") == "stopped" and e.get("model") == "fake-ok2"]
+            assert idle and idle[-1]["reason"] == "idle"
+            assert not d.children()
+    finally:
+        events.close()
         assert d.stop() == 0
