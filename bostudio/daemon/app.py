@@ -153,8 +153,13 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
             except httpx.HTTPError as exc:
                 inst.active -= 1
                 inst.stats.errors += 1
-                # Not connected means not sent: if the child just died, wait for the reload and retry once.
+                log.warning("%s: upstream %s failed (attempt %d): %r", inst.name, path, attempt, exc)
+                # Not connected means not sent: if the child just died, wait for the reload and retry
+                # once. A live child that closed a reused connection without answering closed it idle.
                 if attempt == 1 and isinstance(exc, httpx.ConnectError) and await sup.confirm_exited(inst):
+                    continue
+                if attempt == 1 and isinstance(exc, httpx.RemoteProtocolError) and inst.proc is not None \
+                        and inst.proc.alive() and "without sending a response" in str(exc):
                     continue
                 return openai_error(502, f"llama-server for {inst.name} failed: {exc!r}", "server_error",
                                     "the model is restarted automatically; send the request again")

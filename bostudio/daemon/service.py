@@ -46,6 +46,7 @@ def _setup_logging() -> Path:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request is noise
     return path
 
 

@@ -41,6 +41,9 @@ log = logging.getLogger("bostudio.daemon")
 STOPPED, LOADING, READY, RESTARTING, FAILED, STOPPING = "stopped", "loading", "ready", "restarting", "failed", "stopping"
 RESIDENT_STATES = (LOADING, READY, RESTARTING)
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=2.0, read=3600.0, write=60.0, pool=30.0)
+# llama-server (cpp-httplib) closes a keep-alive connection idle for 5 s; httpx's default expiry is
+# also 5 s, so a request could race the close. Let our side expire idle connections first.
+UPSTREAM_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=32, keepalive_expiry=2.0)
 
 
 @dataclass(frozen=True)
@@ -404,7 +407,7 @@ class Supervisor:
             await inst.http.aclose()
         inst.http = httpx.AsyncClient(base_url=inst.proc.base_url, timeout=UPSTREAM_TIMEOUT, trust_env=False,
                                       headers={"Authorization": f"Bearer {inst.api_key}"},
-                                      limits=httpx.Limits(max_connections=256, max_keepalive_connections=32))
+                                      limits=UPSTREAM_LIMITS)
         status = await asyncio.to_thread(self._probe, inst)
         inst.spec_status = asdict(status)
         inst.ready_since = time.monotonic()
