@@ -66,13 +66,16 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=128, help="tokens per decode run (default 128)")
     ap.add_argument("--ttft-runs", type=int, default=40, help="time-to-first-token runs per side (default 40)")
     ap.add_argument("--spec", default="off", help="speculation of the instance (default off: steadier numbers)")
+    ap.add_argument("--engine", default=None, help="llama-server binary (default: the one bostudio chooses)")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-daemon-"))
     env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CONFIG_HOME=str(tmp / "config"),
                PYTHONPATH=str(ROOT))
     port = free_port()
-    daemon = subprocess.Popen([sys.executable, "-m", "bostudio", "daemon", "--port", str(port), "--idle-ttl", "0"],
+    extra = ["--engine", args.engine] if args.engine else []
+    daemon = subprocess.Popen([sys.executable, "-m", "bostudio", "daemon", "--port", str(port), "--idle-ttl", "0",
+                               *extra],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -29,7 +29,7 @@ from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PortInUseError, ServerError)
 from bostudio.gguf import ModelInfo, describe
-from bostudio.runtime.client import LlamaClient
+from bostudio.runtime.client import LlamaClient, upstream_client
 from bostudio.runtime.process import (CrashHistory, LoadWatch, ServerProcess, classify_failure, listening_pid_ok,
                                       log_size, tail)
 from bostudio.speculation import Speculator, choose_speculator, parse_spec
@@ -405,9 +405,7 @@ class Supervisor:
         inst.ready_s = await self._wait_ready(inst)
         if inst.http is not None:
             await inst.http.aclose()
-        inst.http = httpx.AsyncClient(base_url=inst.proc.base_url, timeout=UPSTREAM_TIMEOUT, trust_env=False,
-                                      headers={"Authorization": f"Bearer {inst.api_key}"},
-                                      limits=UPSTREAM_LIMITS)
+        inst.http = upstream_client(inst.proc.base_url, inst.api_key, UPSTREAM_TIMEOUT, UPSTREAM_LIMITS)
         status = await asyncio.to_thread(self._probe, inst)
         inst.spec_status = asdict(status)
         inst.ready_since = time.monotonic()
