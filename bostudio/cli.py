@@ -221,7 +221,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
         rate = st.get("acceptance_rate")
         print(f"{r['model'][:32]:32} {r['state']:10} {_fmt(r['pid']):>7} {_fmt(r['port']):>6} "
               f"{_fmt(r['speculation'])[:14]:14} {_fmt(st.get('decode_tok_s_avg'), '.1f'):>6} "
-              f"{_fmt(None if rate is None else 100 * rate, '.0f'):>5}% "
+              f"{'-' if rate is None else format(100 * rate, '.0f') + '%':>6} "
               f"{_fmt(st.get('mean_accepted_length'), '.2f'):>8} {st['requests']:>5}")
     return 0
 

@@ -349,8 +349,9 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
 
     @app.post("/bostudio/instances", tags=["control"], summary="Start (load) a model; waits until ready by default")
     async def start(req: StartRequest) -> dict:
-        cfg = await asyncio.to_thread(sup.register, req.model, req.ctx, req.spec, req.port)
-        return await settle(sup.launch(cfg), req.wait)
+        path = await asyncio.to_thread(sup.locate, req.model)
+        cfg = sup.register(req.model, req.ctx, req.spec, req.port, path)
+        return await settle(await sup.start(cfg), req.wait)
 
     @app.post("/bostudio/instances/{model}/stop", tags=["control"], summary="Stop an instance (SIGTERM, then SIGKILL)")
     async def stop(model: str) -> dict:

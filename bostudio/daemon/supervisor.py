@@ -175,13 +175,18 @@ class Supervisor:
         self.configs[name] = cfg
         return cfg
 
+    def locate(self, model: str) -> Path | None:
+        """The GGUF of a model given by path or by a name resolve_model knows (None: a catalog name).
+        May assemble the embedded default model: call it off the event loop."""
+        return None if model in self.catalog() else resolve_model(model, log=log.info)
+
     def register(self, model: str, ctx: int | None = None, spec: str | None = None,
-                 port: int | None = None) -> ModelConfig:
+                 port: int | None = None, path: Path | None = None) -> ModelConfig:
         """A model named or given by path (control API): its config, updated with what was asked."""
-        if model in self.catalog():
+        if path is None and model in self.catalog():
             cfg = self.config_for(model)
         else:
-            path = resolve_model(model, log=log.info)
+            path = path or resolve_model(model, log=log.info)
             name = model_name(path)
             cfg = self.configs.get(name) or ModelConfig(name, path, self.opts.ctx, self.opts.spec)
             self.configs[name] = cfg
@@ -202,8 +207,8 @@ class Supervisor:
         if inst is not None and inst.state == READY:
             inst.last_used = time.monotonic()
             return inst
-        if inst is None or inst.state in (STOPPED, STOPPING):
-            inst = self.launch(self.config_for(name))
+        if inst is None or inst.state in (STOPPED, STOPPING):  # a stop in progress finishes first
+            inst = await self.start(self.config_for(name))
         elif inst.state == FAILED:
             raise ServerError(f"model {name} failed: {inst.error['message'] if inst.error else 'unknown'}",
                               f"see GET /bostudio/instances/{name}/log; restart it with POST "
@@ -223,6 +228,13 @@ class Supervisor:
         while inst.state == READY and inst.proc is proc and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         return True
+
+    async def start(self, cfg: ModelConfig) -> Instance:
+        """launch(), after a stop in progress for the same model has finished."""
+        inst = self.instances.get(cfg.name)
+        while inst is not None and inst.state == STOPPING:
+            await asyncio.sleep(0.05)
+        return self.launch(cfg)
 
     def launch(self, cfg: ModelConfig) -> Instance:
         """Start (or keep) the instance of `cfg` loading; returns at once."""
@@ -246,6 +258,9 @@ class Supervisor:
         if inst is None:
             raise ModelError(f"model {name!r} is not running", "GET /bostudio/instances lists what runs")
         inst.stopping = True
+        failed = inst.state == FAILED
+        if inst.state in RESIDENT_STATES:
+            self._set_state(inst, STOPPING, reason=reason)
         if inst.task is not None and not inst.task.done():
             inst.task.cancel()
             try:
@@ -253,7 +268,7 @@ class Supervisor:
             except (asyncio.CancelledError, Exception):
                 pass
         await self._stop_process(inst)
-        if inst.state != FAILED:
+        if not failed:
             self._set_state(inst, STOPPED, reason=reason)
         self._resolve(inst, ServerError(f"model {name} was {reason} while loading", "send the request again"))
         return inst
@@ -376,8 +391,9 @@ class Supervisor:
 
     async def _launch_once(self, inst: Instance) -> None:
         cfg = inst.cfg
-        engine = self.engine
-        info = describe(cfg.path)
+        # Probing the engine and reading a large GGUF header take a while: not on the event loop.
+        engine = await asyncio.to_thread(lambda: self.engine)
+        info = await asyncio.to_thread(describe, cfg.path)
         request = parse_spec("auto" if cfg.spec == "on" else cfg.spec)
         speculator = choose_speculator(request, n_nextn=info.n_nextn, engine_spec_types=engine.spec_types,
                                        has_gpu=engine.gpu_mib() > 0)
@@ -460,11 +476,7 @@ class Supervisor:
     async def _stop_process(self, inst: Instance) -> None:
         proc = inst.proc
         if proc is not None and proc.proc is not None:
-            was = inst.state
-            if proc.alive():
-                inst.state = STOPPING
             await asyncio.to_thread(proc.stop, self.opts.grace)
-            inst.state = was
         if inst.http is not None:
             await inst.http.aclose()
             inst.http = None
