@@ -317,3 +317,57 @@ def test_lru_eviction_when_memory_is_needed_and_idle_unload(fake_root: Path, tmp
     finally:
         events.close()
         assert d.stop() == 0
+
+
+def test_control_api_devices_catalog_plans_pairings(daemon: DaemonProc) -> None:
+    with httpx.Client(base_url=daemon.url, timeout=30, trust_env=False) as http:
+        devices = http.get("/bostudio/devices").json()
+        assert devices["engine"].endswith("llama-server") and devices["host"]["total_bytes"] > 0
+        assert http.get("/bostudio/engine").json()["version"] == "0.5.0-dev"
+        catalog = {m["model"]: m for m in http.get("/bostudio/catalog").json()["models"]}
+        assert set(FAKES) <= set(catalog)
+        assert catalog["fake-ok"]["architecture"] == "llama" and catalog["fake-ok"]["n_nextn"] == 0
+        plan = http.get("/bostudio/plans/fake-ok").json()
+        assert plan["speculation"] == "ngram-mod" and plan["bytes"] > 64 << 20
+        assert "--spec-type" in plan["argv"] and "-m" in plan["argv"]
+        pairings = http.get("/bostudio/pairings/fake-ok").json()["modes"]
+        assert pairings["off"]["speculation"] == "off" and "error" in pairings["mtp"]
+        missing = http.get("/bostudio/plans/no-such-model")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_daemon_start_status_stop_in_the_background(fake_root: Path, tmp_path: Path) -> None:
+    env = daemon_env(tmp_path, fake_root / "models")
+    port = free_port()
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "bostudio", "daemon", *args], env=env, capture_output=True,
+                              text=True, timeout=60)
+
+    started = cli("start", "--port", str(port), "--engine", str(fake_root / "llama-server"), "--json")
+    assert started.returncode == 0, started.stderr
+    info = json.loads(started.stdout)
+    assert info["url"] == f"http://127.0.0.1:{port}"
+    daemon_proc = psutil.Process(info["pid"])
+    try:
+        again = cli("start", "--port", str(port))  # already running: the same daemon
+        assert again.returncode == 0 and f"(pid {info['pid']})" in again.stdout
+        r = httpx.post(info["base_url"] + "/completions", json={"model": "fake-ok", "prompt": "x"}, trust_env=False,
+                       timeout=30)
+        assert r.status_code == 200
+        status = cli("status", "--json")
+        assert status.returncode == 0
+        assert json.loads(status.stdout)["instances"] == {"fake-ok": "ready"}
+        children = daemon_proc.children(recursive=True)
+        assert children
+        state_file = tmp_path / "state" / "bostudio" / "daemon.json"
+        assert json.loads(state_file.read_text())["pid"] == info["pid"]
+    finally:
+        stopped = cli("stop")
+    assert stopped.returncode == 0 and stopped.stdout.strip() == f"bostudio daemon (pid {info['pid']}) stopped"
+    assert not daemon_proc.is_running()
+    assert not [c for c in children if c.is_running()]
+    assert not state_file.exists()
+    assert port_is_free(port)
+    assert cli("status").returncode == 3
+    assert (tmp_path / "state" / "bostudio" / "logs" / "daemon.log").stat().st_size > 0
