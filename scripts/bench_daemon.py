@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -60,6 +61,8 @@ def _stream(http: httpx.Client, body: dict) -> tuple[float, list[float], dict]:
 
 
 def main() -> int:
+    # A SIGTERM must still stop the daemon this script started (the finally below).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="gemma-3-270m-q4_k_m")
     ap.add_argument("--runs", type=int, default=6, help="decode runs per side (default 6)")
