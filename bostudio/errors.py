@@ -8,8 +8,11 @@ the CLI prints its message and hint on one line each and exits non-zero, never a
     ├── EngineError          no usable llama-server, a failed probe
     │   └── BuildError       building llama.cpp failed or a toolchain is missing
     ├── ServerError          llama-server did not start, crashed or misbehaved
-    │   └── PortInUseError   the port we were asked to bind is taken
-    └── PlanError            a model (and speculator) cannot be planned onto the devices
+    │   ├── PortInUseError   the port we were asked to bind is taken
+    │   └── OutOfMemoryError llama-server ran out of memory while loading
+    ├── PlanError            a model (and speculator) cannot be planned onto the devices
+    ├── DaemonError          the bostudio daemon is not running, refused, or failed a request
+    └── RequestError         an API request the daemon rejects (bad or harmful parameters): HTTP 400
 """
 
 from __future__ import annotations
@@ -59,3 +62,15 @@ class PortInUseError(ServerError):
 
 class PlanError(BostudioError):
     title = "plan error"
+
+
+class OutOfMemoryError(ServerError):
+    title = "out of memory"
+
+
+class DaemonError(BostudioError):
+    title = "daemon error"
+
+
+class RequestError(BostudioError):
+    title = "bad request"

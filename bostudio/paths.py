@@ -95,3 +95,13 @@ def ollama_models_dirs() -> list[Path]:
     if value:
         return [Path(value).expanduser()]
     return [Path.home() / ".ollama" / "models", Path("/usr/share/ollama/.ollama/models")]
+
+
+def systemd_user_dir() -> Path:
+    """Where systemd looks for user units: $XDG_CONFIG_HOME/systemd/user."""
+    return config_dir().parent / "systemd" / "user"
+
+
+def launch_agents_dir() -> Path:
+    """Where launchd looks for a user's agents (macOS)."""
+    return Path.home() / "Library" / "LaunchAgents"

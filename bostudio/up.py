@@ -80,9 +80,10 @@ def _spec_failure_reason(log_path: Path) -> str:
     return "llama-server created no speculative context for the slots (see the log)"
 
 
-def verify_speculation(client: LlamaClient, speculator: Speculator, log_path: Path) -> SpecStatus:
+def verify_speculation(client: LlamaClient, speculator: Speculator, log_path: Path,
+                       n_predict: int = PROBE_TOKENS) -> SpecStatus:
     """Send one greedy probe; speculation is active if the probe drafted, or /slots says so."""
-    result = client.completion(PROBE_PROMPT, PROBE_TOKENS)
+    result = client.completion(PROBE_PROMPT, n_predict)
     timings = result.get("timings", {})
     draft_n = int(timings.get("draft_n", 0))
     accepted = int(timings.get("draft_n_accepted", 0))

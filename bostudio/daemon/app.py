@@ -1,0 +1,453 @@
+"""The daemon's ASGI app: the OpenAI-compatible router under /v1 and the control API under /bostudio.
+FastAPI gives the OpenAPI schema (GET /openapi.json); streams pass through unbuffered."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from bostudio import __version__
+from bostudio.daemon.events import EventBus
+from bostudio.daemon.guard import check_request
+from bostudio.daemon.security import SecurityMiddleware
+from bostudio.daemon.stats import timings_from_body, timings_from_sse
+from bostudio.daemon.supervisor import READY, Instance, Supervisor, SupervisorOptions
+from bostudio.errors import BostudioError, ConfigError, ModelError, RequestError, ServerError
+from bostudio.runtime.process import tail
+
+log = logging.getLogger("bostudio.daemon")
+
+# Hop-by-hop and length headers are the proxy's own business.
+_DROP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date",
+                 "access-control-allow-origin", "access-control-allow-credentials", "access-control-allow-methods",
+                 "access-control-allow-headers"}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass(frozen=True)
+class DaemonInfo:
+    host: str
+    port: int
+    require_token: bool
+    started: float
+
+
+def openai_error(status: int, message: str, type_: str, hint: str = "", code: str | None = None) -> JSONResponse:
+    err: dict[str, Any] = {"message": message, "type": type_, "param": None, "code": code or status}
+    if hint:
+        err["hint"] = hint
+    return JSONResponse({"error": err}, status_code=status)
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    """Every error leaves the daemon as OpenAI-shaped JSON."""
+    if isinstance(exc, (RequestError, ConfigError)):
+        return openai_error(400, exc.message, "invalid_request_error", exc.hint)
+    if isinstance(exc, ModelError):
+        return openai_error(404, exc.message, "not_found_error", exc.hint, "model_not_found")
+    if isinstance(exc, ServerError):
+        return openai_error(503, exc.message, "unavailable_error", exc.hint)
+    if isinstance(exc, BostudioError):
+        return openai_error(500, exc.message, "server_error", exc.hint)
+    if isinstance(exc, asyncio.TimeoutError):
+        return openai_error(503, "the model did not load in time", "unavailable_error")
+    return openai_error(500, f"internal error: {exc!r}", "server_error", "see the daemon log")
+
+
+def sse(data: object, event: str | None = None) -> bytes:
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(data, default=str)}\n\n".encode()
+
+
+# ---------------------------------------------------------------- request bodies (OpenAPI)
+
+class StartRequest(BaseModel):
+    model: str = Field(description="a model name (GET /v1/models) or a GGUF path on the daemon's machine")
+    spec: str | None = Field(None, description="speculation: on | off | auto | ngram | mtp | draft:PATH")
+    ctx: int | None = Field(None, ge=256, description="context size in tokens")
+    port: int | None = Field(None, ge=1, le=65535, description="pin the child's loopback port (tests, debugging)")
+    wait: bool = Field(True, description="answer when the model is ready (or failed)")
+
+
+class SpeculationRequest(BaseModel):
+    mode: str = Field(description="on | off | auto | ngram | mtp | draft:PATH; relaunches a running instance")
+
+
+def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str], token: str | None,
+              on_children=lambda children: None) -> FastAPI:
+    bus = EventBus()
+    sup = Supervisor(options, bus, on_children)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        sup.start_background()
+        bus.publish("daemon", state="started", pid=os.getpid())
+        try:
+            yield
+        finally:
+            bus.publish("daemon", state="stopping")
+            await sup.shutdown()
+
+    app = FastAPI(title="bostudio daemon", version=__version__, lifespan=lifespan, docs_url=None,
+                  redoc_url=None,
+                  description="One OpenAI-compatible endpoint (/v1) in front of supervised llama-server "
+                              "instances, and a control API (/bostudio) for the CLI, the TUI and tools.")
+    app.state.supervisor = sup
+    app.state.bus = bus
+
+    @app.exception_handler(BostudioError)
+    async def _bostudio_error(request: Request, exc: BostudioError):
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        return openai_error(400, f"invalid request: {exc.errors()}", "invalid_request_error")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return openai_error(exc.status_code, str(exc.detail), kind)
+
+    # ------------------------------------------------------------ OpenAI-compatible router
+
+    async def route(request: Request, path: str) -> Response:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return openai_error(400, "the request body is not JSON", "invalid_request_error")
+        try:
+            name = check_request(body)
+        except BostudioError as exc:
+            return error_response(exc)
+        streaming = body.get("stream") is True
+        for attempt in (1, 2):
+            try:
+                inst = await sup.get_ready(name)
+            except (BostudioError, asyncio.TimeoutError) as exc:
+                return error_response(exc)
+            inst.active += 1
+            inst.stats.requests += 1
+            try:
+                if inst.http is None:
+                    raise httpx.ConnectError("instance is not ready")
+                upstream = await inst.http.send(inst.http.build_request(
+                    "POST", path, content=raw, headers={"content-type": "application/json"}), stream=True)
+                return forward(inst, upstream, streaming)
+            except httpx.HTTPError as exc:
+                inst.active -= 1
+                inst.stats.errors += 1
+                log.warning("%s: upstream %s failed (attempt %d): %r", inst.name, path, attempt, exc)
+                # Not connected means not sent: if the child just died, wait for the reload and retry
+                # once. A live child that closed a reused connection without answering closed it idle.
+                if attempt == 1 and isinstance(exc, httpx.ConnectError) and await sup.confirm_exited(inst):
+                    continue
+                if attempt == 1 and isinstance(exc, httpx.RemoteProtocolError) and inst.proc is not None \
+                        and inst.proc.alive() and "without sending a response" in str(exc):
+                    continue
+                return openai_error(502, f"llama-server for {inst.name} failed: {exc!r}", "server_error",
+                                    "the model is restarted automatically; send the request again")
+        raise AssertionError("unreachable")
+
+    def forward(inst: Instance, upstream: httpx.Response, streaming: bool) -> Response:
+        async def relay() -> AsyncIterator[bytes]:
+            body = bytearray()
+            try:
+                async for chunk in upstream.aiter_raw():
+                    yield chunk
+                    if streaming:
+                        t = timings_from_sse(chunk)
+                        if t is not None:
+                            inst.stats.add_timings(t)
+                    elif len(body) < (4 << 20):
+                        body += chunk
+                if not streaming and upstream.status_code == 200:
+                    t = timings_from_body(bytes(body))
+                    if t is not None:
+                        inst.stats.add_timings(t)
+            except httpx.HTTPError as exc:
+                # The child died mid-response: tell a streaming client at once, in-band.
+                inst.stats.errors += 1
+                if streaming:
+                    yield sse({"error": {"message": f"llama-server for {inst.name} failed mid-stream: {exc!r}",
+                                         "type": "server_error", "code": 502}})
+                    yield b"data: [DONE]\n\n"
+                else:
+                    raise
+            finally:
+                # A client that disconnects cancels this generator: closing the upstream response
+                # closes its connection, and llama-server cancels the generation. The close is
+                # shielded: inside a cancelled anyio scope every unshielded await is cancelled too.
+                with anyio.CancelScope(shield=True):
+                    await upstream.aclose()
+                inst.active -= 1
+                inst.last_used = time.monotonic()
+
+        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_HEADERS}
+        if streaming:
+            headers.update(SSE_HEADERS)
+        return StreamingResponse(relay(), status_code=upstream.status_code, headers=headers,
+                                 media_type=upstream.headers.get("content-type"))
+
+    @app.post("/v1/chat/completions", tags=["openai"], summary="Chat completion (routed by `model`)")
+    async def chat_completions(request: Request) -> Response:
+        return await route(request, "/v1/chat/completions")
+
+    @app.post("/v1/completions", tags=["openai"], summary="Text completion (routed by `model`)")
+    async def completions(request: Request) -> Response:
+        return await route(request, "/v1/completions")
+
+    @app.post("/v1/embeddings", tags=["openai"],
+              summary="Embeddings (routed by `model`; llama-server answers 501 unless started with --embeddings)")
+    async def embeddings(request: Request) -> Response:
+        return await route(request, "/v1/embeddings")
+
+    def model_entry(name: str, path) -> dict:
+        inst = sup.instances.get(name)
+        try:
+            created = int(path.stat().st_mtime)
+        except OSError:
+            created = 0
+        return {"id": name, "object": "model", "created": created, "owned_by": "bostudio",
+                "state": inst.state if inst else "stopped"}
+
+    @app.get("/v1/models", tags=["openai"], summary="Every model the router serves, loaded or not")
+    async def models() -> dict:
+        return {"object": "list", "data": [model_entry(n, p) for n, p in sorted(sup.catalog().items())]}
+
+    @app.get("/v1/models/{model}", tags=["openai"], summary="One model")
+    async def model(model: str) -> dict:
+        path = sup.catalog().get(model)
+        if path is None:
+            raise ModelError(f"model {model!r} does not exist", "GET /v1/models lists the models")
+        return model_entry(model, path)
+
+    # ------------------------------------------------------------ control API
+
+    @app.get("/bostudio/status", tags=["control"], summary="The daemon: version, pid, address, uptime")
+    async def status() -> dict:
+        return {"version": __version__, "pid": os.getpid(), "host": info.host, "port": info.port,
+                "require_token": info.require_token, "uptime_s": time.time() - info.started,
+                "memory_budget_bytes": sup.budget(), "idle_ttl_s": options.idle_ttl,
+                "instances": {n: i.state for n, i in sup.instances.items()}}
+
+    @app.get("/bostudio/devices", tags=["control"], summary="Devices the engine sees (plus host memory)")
+    async def devices() -> dict:
+        import psutil
+
+        eng = await asyncio.to_thread(lambda: sup.engine)
+        vm = psutil.virtual_memory()
+        return {"engine": str(eng.path), "backends": list(eng.backends),
+                "devices": [d.__dict__ for d in eng.devices],
+                "host": {"total_bytes": vm.total, "available_bytes": vm.available, "cpus": os.cpu_count()}}
+
+    @app.get("/bostudio/engine", tags=["control"], summary="The llama-server build in use")
+    async def engine() -> dict:
+        eng = await asyncio.to_thread(lambda: sup.engine)
+        data = eng.to_json()
+        data.pop("flags", None)
+        return data
+
+    @app.get("/bostudio/catalog", tags=["control"], summary="Models the daemon can serve, from their GGUF headers")
+    async def catalog() -> dict:
+        from bostudio.gguf import describe
+
+        out = []
+        for name, path in sorted(sup.catalog().items()):
+            entry: dict[str, Any] = {"model": name, "path": str(path)}
+            try:
+                mi = describe(path)
+                entry.update(architecture=mi.architecture, n_params=mi.n_params, quant=mi.quant,
+                             file_size=mi.file_size, n_ctx_train=mi.n_ctx_train, n_nextn=mi.n_nextn)
+            except BostudioError as exc:
+                entry["error"] = exc.message
+            out.append(entry)
+        return {"models": out}
+
+    @app.get("/bostudio/plans/{model}", tags=["control"],
+             summary="The launch plan for a model: speculator, memory estimate, argv")
+    async def plan(model: str) -> dict:
+        return await asyncio.to_thread(plan_for, model)
+
+    def plan_for(model: str) -> dict:
+        from bostudio.daemon import policy
+        from bostudio.daemon.supervisor import kv_bytes_per_token
+        from bostudio.engine.argv import LaunchSpec, build_argv
+        from bostudio.gguf import describe
+        from bostudio.speculation import choose_speculator, parse_spec
+
+        cfg = sup.config_for(model)
+        mi = describe(cfg.path)
+        eng = sup.engine
+        sp = choose_speculator(parse_spec("auto" if cfg.spec == "on" else cfg.spec), n_nextn=mi.n_nextn,
+                               engine_spec_types=eng.spec_types, has_gpu=eng.gpu_mib() > 0)
+        need = policy.estimate_bytes(mi.file_size, cfg.ctx, kv_bytes_per_token(mi),
+                                     sp.draft.stat().st_size if sp.draft else 0)
+        argv = build_argv(eng.path, eng.flags, LaunchSpec(cfg.path, cfg.name, 0, ctx=cfg.ctx, speculator=sp))
+        return {"model": cfg.name, "ctx": cfg.ctx, "spec_mode": cfg.spec, "speculation": sp.label,
+                "reason": sp.reason, "bytes": need, "budget_bytes": sup.budget(), "argv": argv}
+
+    @app.get("/bostudio/pairings/{model}", tags=["control"],
+             summary="The speculator each mode would pair with a model (pairings.toml lands with issue 5)")
+    async def pairings(model: str) -> dict:
+        from bostudio.gguf import describe
+        from bostudio.speculation import choose_speculator, parse_spec
+
+        cfg = sup.config_for(model)
+        mi = describe(cfg.path)
+        eng = await asyncio.to_thread(lambda: sup.engine)
+        out = {}
+        for mode in ("auto", "ngram", "mtp", "off"):
+            try:
+                sp = choose_speculator(parse_spec(mode), n_nextn=mi.n_nextn, engine_spec_types=eng.spec_types,
+                                       has_gpu=eng.gpu_mib() > 0)
+                out[mode] = {"speculation": sp.label, "kind": sp.kind, "reason": sp.reason}
+            except BostudioError as exc:
+                out[mode] = {"error": exc.message}
+        return {"model": cfg.name, "modes": out}
+
+    @app.get("/bostudio/instances", tags=["control"], summary="Every instance the daemon knows, with live stats")
+    async def instances() -> dict:
+        return {"instances": [i.to_json() for i in sup.instances.values()]}
+
+    def instance_or_404(model: str) -> Instance:
+        inst = sup.instances.get(model)
+        if inst is None:
+            raise ModelError(f"model {model!r} has no instance", "GET /bostudio/instances lists them")
+        return inst
+
+    @app.get("/bostudio/instances/{model}", tags=["control"], summary="One instance")
+    async def instance(model: str) -> dict:
+        return instance_or_404(model).to_json()
+
+    async def settle(inst: Instance, wait: bool) -> dict:
+        if wait and inst.ready is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(inst.ready), options.load_timeout)
+            except (BostudioError, asyncio.TimeoutError) as exc:
+                resp = error_response(exc)
+                body = json.loads(bytes(resp.body))
+                body["instance"] = inst.to_json()
+                raise _Answer(resp.status_code, body)
+        return inst.to_json()
+
+    @app.post("/bostudio/instances", tags=["control"], summary="Start (load) a model; waits until ready by default")
+    async def start(req: StartRequest) -> dict:
+        path = await asyncio.to_thread(sup.locate, req.model)
+        cfg = sup.register(req.model, req.ctx, req.spec, req.port, path)
+        return await settle(await sup.start(cfg), req.wait)
+
+    @app.post("/bostudio/instances/{model}/stop", tags=["control"], summary="Stop an instance (SIGTERM, then SIGKILL)")
+    async def stop(model: str) -> dict:
+        return (await sup.stop(model)).to_json()
+
+    @app.post("/bostudio/instances/{model}/restart", tags=["control"], summary="Restart an instance")
+    async def restart(model: str, wait: bool = True) -> dict:
+        return await settle(await sup.restart(model), wait)
+
+    @app.put("/bostudio/instances/{model}/speculation", tags=["control"],
+             summary="Switch speculation on/off/auto for a model; relaunches it if it runs")
+    async def speculation(model: str, req: SpeculationRequest, wait: bool = True) -> dict:
+        inst = await sup.set_speculation(model, req.mode)
+        return await settle(inst, wait and inst.state != "stopped")
+
+    @app.get("/bostudio/instances/{model}/stats", tags=["control"],
+             summary="Live stats: tok/s, acceptance rate, mean accepted length")
+    async def stats(model: str) -> dict:
+        inst = instance_or_404(model)
+        return {"model": model, "state": inst.state, **inst.stats.to_json()}
+
+    @app.get("/bostudio/instances/{model}/log", tags=["control"], summary="The last lines of an instance's log")
+    async def log_tail(model: str, lines: int = Query(100, ge=1, le=5000)) -> dict:
+        inst = instance_or_404(model)
+        return {"model": model, "path": str(inst.log_path), "lines": tail(inst.log_path, lines)}
+
+    @app.get("/bostudio/instances/{model}/log/stream", tags=["control"],
+             summary="An instance's log as server-sent events (one `data: {\"line\": ...}` per line)")
+    async def log_stream(model: str, request: Request, lines: int = Query(20, ge=0, le=5000)) -> StreamingResponse:
+        inst = instance_or_404(model)
+        return StreamingResponse(follow_log(inst, lines, request), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def follow_log(inst: Instance, lines: int, request: Request) -> AsyncIterator[bytes]:
+        for line in tail(inst.log_path, lines) if lines else []:
+            yield sse({"line": line})
+        pos = inst.log_path.stat().st_size if inst.log_path.exists() else 0
+        partial = b""
+        while not await request.is_disconnected():
+            try:
+                size = inst.log_path.stat().st_size
+            except OSError:
+                size = 0
+            if size < pos:  # a relaunch starts a new log
+                pos, partial = 0, b""
+            if size > pos:
+                with open(inst.log_path, "rb") as f:
+                    f.seek(pos)
+                    data = f.read(size - pos)
+                pos = size
+                *done, partial = (partial + data).split(b"\n")
+                for line in done:
+                    yield sse({"line": line.decode("utf-8", "replace")})
+            else:
+                yield b": keep-alive\n\n"
+            await asyncio.sleep(0.25)
+
+    @app.get("/bostudio/events", tags=["control"],
+             summary="Server-sent events: a snapshot, then state changes, launches, evictions and stats")
+    async def events(request: Request) -> StreamingResponse:
+        q = bus.subscribe()
+
+        async def stream() -> AsyncIterator[bytes]:
+            try:
+                yield sse({"type": "snapshot", "seq": bus.seq,
+                           "instances": [i.to_json() for i in sup.instances.values()]}, "snapshot")
+                while True:
+                    try:
+                        ev = await asyncio.wait_for(q.get(), 10.0)
+                    except asyncio.TimeoutError:
+                        yield b": keep-alive\n\n"
+                        continue
+                    yield sse(ev, ev["type"])
+            finally:
+                bus.unsubscribe(q)
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    @app.post("/bostudio/shutdown", tags=["control"], summary="Stop every instance and the daemon")
+    async def shutdown() -> dict:
+        asyncio.get_running_loop().call_later(0.1, os.kill, os.getpid(), signal.SIGTERM)
+        return {"stopping": True}
+
+    @app.exception_handler(_Answer)
+    async def _answer(request: Request, exc: _Answer):
+        return JSONResponse(exc.body, status_code=exc.status)
+
+    return SecurityMiddleware(app, hosts, token, info.require_token)  # type: ignore[return-value]
+
+
+class _Answer(Exception):
+    """A control-API answer with an error status and a body (instance state included)."""
+
+    def __init__(self, status: int, body: dict) -> None:
+        super().__init__(status)
+        self.status = status
+        self.body = body
+
+
+__all__ = ["DaemonInfo", "build_app", "READY"]

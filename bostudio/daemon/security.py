@@ -1,0 +1,143 @@
+"""Who may talk to the daemon: loopback by default, a 256-bit token for anything else, a Host
+allowlist against DNS rebinding, and no cross-origin browser access."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import os
+import secrets
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+
+from bostudio import paths
+from bostudio.errors import ConfigError, DaemonError
+
+TOKEN_BYTES = 32  # 256 bits
+
+
+def token_path() -> Path:
+    return paths.config_dir() / "token"
+
+
+def create_token(path: Path | None = None) -> Path:
+    """Write a fresh 256-bit token to a file only the user can read (mode 0600), atomically."""
+    path = path or token_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(TOKEN_BYTES) + "\n")
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+    return path
+
+
+def read_token(path: Path | None = None) -> str | None:
+    """The token, or None when there is no token file. Refuses a file others can read."""
+    path = path or token_path()
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"the token file {path} is readable by other users",
+                          f"run `chmod 600 {path}` or make a new one with `bostudio daemon token --new`")
+    token = path.read_text().strip()
+    if len(token) < 2 * TOKEN_BYTES:
+        raise ConfigError(f"the token file {path} holds no 256-bit token",
+                          "make a new one with `bostudio daemon token --new`")
+    return token
+
+
+def token_matches(given: str | None, expected: str) -> bool:
+    """Constant-time comparison (no early exit on the first differing byte)."""
+    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Binding beyond loopback needs a token: refuse otherwise."""
+    if not is_loopback(host) and not token:
+        raise DaemonError(f"refusing to listen on {host} without a token: anyone who can reach it could "
+                          "run models on this machine",
+                          "create one with `bostudio daemon token --new` (clients then send it as "
+                          "`Authorization: Bearer TOKEN`), or bind 127.0.0.1")
+
+
+def allowed_hosts(bind_host: str, extra: Iterable[str] = ()) -> frozenset[str]:
+    """Host header names (without port) the daemon answers to. A DNS-rebinding page arrives with its
+    own domain in Host, so only loopback names, the bound address and configured names pass."""
+    names = {"127.0.0.1", "localhost", "::1", "[::1]"}
+    if bind_host not in ("0.0.0.0", "::", ""):
+        names.add(bind_host)
+        names.add(f"[{bind_host}]" if ":" in bind_host else bind_host)
+    names.update(h.lower() for h in extra)
+    return frozenset(names)
+
+
+def host_name(header: str) -> str:
+    """The name part of a Host header: 'a:1' -> 'a', '[::1]:8' -> '[::1]'."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[:header.index("]") + 1] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def origin_allowed(origin: str, hosts: frozenset[str]) -> bool:
+    """Browsers send Origin on cross-site requests: only the daemon's own origins may call it."""
+    if "://" not in origin:
+        return False
+    return host_name(origin.split("://", 1)[1].split("/", 1)[0]) in hosts
+
+
+def _deny(status: int, message: str, type_: str) -> tuple[int, bytes]:
+    return status, json.dumps({"error": {"message": message, "type": type_, "code": status}}).encode()
+
+
+class SecurityMiddleware:
+    """Plain ASGI middleware (no buffering, so streams pass straight through)."""
+
+    def __init__(self, app, hosts: frozenset[str], token: str | None, require_token: bool) -> None:
+        self.app = app
+        self.hosts = hosts
+        self.token = token
+        self.require_token = require_token
+
+    def check(self, headers: dict[bytes, bytes]) -> tuple[int, bytes] | None:
+        host = headers.get(b"host", b"").decode("latin-1")
+        if host_name(host) not in self.hosts:
+            return _deny(403, f"Host {host!r} is not allowed (DNS rebinding protection)", "permission_error")
+        origin = headers.get(b"origin")
+        if origin is not None and not origin_allowed(origin.decode("latin-1"), self.hosts):
+            return _deny(403, "cross-origin requests are not allowed", "permission_error")
+        if self.require_token:
+            assert self.token is not None
+            auth = headers.get(b"authorization", b"").decode("latin-1")
+            given = auth[7:].strip() if auth.lower().startswith("bearer ") else None
+            if not token_matches(given, self.token):
+                return _deny(401, "missing or wrong token (send Authorization: Bearer TOKEN)",
+                             "authentication_error")
+        return None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            denied = self.check(dict(scope["headers"]))
+            if denied is not None:
+                status, body = denied
+                await send({"type": "http.response.start", "status": status,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)

@@ -1,0 +1,86 @@
+"""Live per-instance statistics from response `timings` and llama-server's /metrics (pure parsing)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+
+_METRIC = re.compile(r"^llamacpp:(\w+)(?:\{[^}]*\})?\s+([-+0-9.eE]+|nan|inf)\s*$", re.M)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Unlabelled `llamacpp:*` samples from a Prometheus text page (labelled ones summed by name)."""
+    out: dict[str, float] = {}
+    for name, value in _METRIC.findall(text):
+        try:
+            out[name] = out.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def timings_from_body(body: bytes) -> dict | None:
+    """`timings` of a non-streamed completion body, if any."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    t = data.get("timings") if isinstance(data, dict) else None
+    return t if isinstance(t, dict) else None
+
+
+def timings_from_sse(chunk: bytes) -> dict | None:
+    """`timings` from the SSE events in a streamed chunk (llama-server puts them on the last one)."""
+    if b'"timings"' not in chunk:
+        return None
+    for line in chunk.split(b"\n"):
+        if line.startswith(b"data:") and b'"timings"' in line:
+            found = timings_from_body(line[5:].strip())
+            if found is not None:
+                return found
+    return None
+
+
+@dataclass
+class InstanceStats:
+    requests: int = 0
+    errors: int = 0
+    tokens_generated: int = 0
+    decode_tok_s: float | None = None  # last request's decode speed
+    decode_tok_s_avg: float | None = None  # over all requests with timings
+    prompt_tok_s: float | None = None
+    draft_tokens: int = 0
+    draft_accepted: int = 0
+    acceptance_rate: float | None = None  # accepted / drafted
+    mean_accepted_length: float | None = None  # 1 + accepted / drafts (from /metrics)
+    _decode_ms: float = 0.0
+    _decode_n: int = 0
+
+    def add_timings(self, t: dict) -> None:
+        n = int(t.get("predicted_n") or 0)
+        ms = float(t.get("predicted_ms") or 0.0)
+        self.tokens_generated += n
+        if t.get("predicted_per_second"):
+            self.decode_tok_s = float(t["predicted_per_second"])
+        if t.get("prompt_per_second"):
+            self.prompt_tok_s = float(t["prompt_per_second"])
+        if n > 1 and ms > 0:
+            self._decode_n += n - 1  # the first token comes free with the prompt (reference 2.3)
+            self._decode_ms += ms
+            self.decode_tok_s_avg = 1000.0 * self._decode_n / self._decode_ms
+        self.draft_tokens += int(t.get("draft_n") or 0)
+        self.draft_accepted += int(t.get("draft_n_accepted") or 0)
+        if self.draft_tokens:
+            self.acceptance_rate = self.draft_accepted / self.draft_tokens
+
+    def add_metrics(self, m: dict[str, float]) -> None:
+        drafts = m.get("spec_decode_num_drafts_total", 0.0)
+        if drafts > 0:
+            self.mean_accepted_length = 1.0 + m.get("spec_decode_num_accepted_tokens_total", 0.0) / drafts
+        drafted = m.get("spec_decode_num_draft_tokens_total", 0.0)
+        if drafted > 0:
+            self.acceptance_rate = m.get("spec_decode_num_accepted_tokens_total", 0.0) / drafted
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}

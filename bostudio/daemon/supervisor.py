@@ -1,0 +1,523 @@
+"""The supervisor: llama-server instances started on demand, checked ready, restarted after crashes,
+unloaded when idle or when memory is needed, stopped as process groups.
+
+Everything runs on the daemon's one event loop (no locks): children are forked from the loop's
+thread, which lives as long as the daemon, so PR_SET_PDEATHSIG kills them when the daemon dies.
+Blocking work that forks nothing (waiting for a group to exit, the probe request) goes to threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from bostudio import paths
+from bostudio.catalog.resolve import model_name, resolve_model
+from bostudio.daemon import policy
+from bostudio.daemon.events import EventBus
+from bostudio.daemon.state import ChildRecord, instance_log_path
+from bostudio.daemon.stats import InstanceStats, parse_metrics
+from bostudio.engine.argv import LaunchSpec, build_argv
+from bostudio.engine.discover import Engine, find_engine
+from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PortInUseError, ServerError)
+from bostudio.gguf import ModelInfo, describe
+from bostudio.runtime.client import LlamaClient, upstream_client
+from bostudio.runtime.process import (CrashHistory, LoadWatch, ServerProcess, classify_failure, listening_pid_ok,
+                                      log_size, tail)
+from bostudio.speculation import Speculator, choose_speculator, parse_spec
+from bostudio.up import verify_speculation
+
+log = logging.getLogger("bostudio.daemon")
+
+# Instance states. `restarting` waits out a backoff after a crash; `failed` needs an explicit start.
+STOPPED, LOADING, READY, RESTARTING, FAILED, STOPPING = "stopped", "loading", "ready", "restarting", "failed", "stopping"
+RESIDENT_STATES = (LOADING, READY, RESTARTING)
+UPSTREAM_TIMEOUT = httpx.Timeout(connect=2.0, read=3600.0, write=60.0, pool=30.0)
+# llama-server (cpp-httplib) closes a keep-alive connection idle for 5 s; httpx's default expiry is
+# also 5 s, so a request could race the close. Let our side expire idle connections first.
+UPSTREAM_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=32, keepalive_expiry=2.0)
+
+
+@dataclass(frozen=True)
+class SupervisorOptions:
+    engine: str | None = None  # explicit llama-server path (else the best one found)
+    memory_budget: int = 0  # bytes; 0: 80% of this machine's RAM
+    idle_ttl: float = 600.0  # seconds; 0: never unload idle models
+    stall_timeout: float = 120.0  # a silent loader is killed after this
+    load_timeout: float = 900.0
+    grace: float = 10.0  # SIGTERM -> SIGKILL
+    probe_tokens: int = 16
+    ctx: int = 4096
+    spec: str = "auto"
+
+
+@dataclass
+class ModelConfig:
+    """What to launch for one model name (changed by the control API; survives restarts)."""
+
+    name: str
+    path: Path
+    ctx: int
+    spec: str
+    port: int | None = None  # pinned child port (else a free one per launch)
+
+
+def kv_bytes_per_token(info: ModelInfo) -> int:
+    """f16 K+V bytes per context token over the trunk layers (the planner of issue 4 refines this)."""
+    heads = info.n_head_kv[:info.n_layer] or (0,)
+    return 2 * sum(h * (info.head_dim_k + info.head_dim_v) for h in heads)
+
+
+def free_loopback_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Instance:
+    cfg: ModelConfig
+    state: str = STOPPED
+    proc: ServerProcess | None = None
+    port: int | None = None
+    api_key: str = ""
+    http: httpx.AsyncClient | None = None
+    speculator: Speculator | None = None
+    spec_status: dict | None = None
+    plan: dict = field(default_factory=dict)
+    error: dict | None = None
+    loads: int = 0
+    ready_s: float | None = None
+    ready_since: float | None = None
+    last_used: float = field(default_factory=time.monotonic)
+    active: int = 0
+    stats: InstanceStats = field(default_factory=InstanceStats)
+    crashes: CrashHistory = field(default_factory=CrashHistory)
+    ready: asyncio.Future | None = None
+    task: asyncio.Task | None = None
+    stopping: bool = False
+    scraped_requests: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
+
+    @property
+    def log_path(self) -> Path:
+        return instance_log_path(self.name)
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.name, "path": str(self.cfg.path), "state": self.state,
+            "pid": self.proc.pid if self.proc and self.state in RESIDENT_STATES + (STOPPING,) else None,
+            "port": self.port if self.state in RESIDENT_STATES else None,
+            "ctx": self.cfg.ctx, "spec_mode": self.cfg.spec,
+            "speculation": self.speculator.label if self.speculator else None,
+            "speculation_reason": self.speculator.reason if self.speculator else None,
+            "spec_status": self.spec_status, "plan": self.plan, "error": self.error, "loads": self.loads,
+            "crashes_recent": len(self.crashes.times), "ready_s": self.ready_s,
+            "uptime_s": time.monotonic() - self.ready_since if self.ready_since and self.state == READY else None,
+            "idle_s": time.monotonic() - self.last_used, "active_requests": self.active,
+            "stats": self.stats.to_json(), "log": str(self.log_path),
+        }
+
+
+class Supervisor:
+    def __init__(self, options: SupervisorOptions, bus: EventBus,
+                 on_children: Callable[[list[ChildRecord]], None] = lambda children: None) -> None:
+        self.opts = options
+        self.bus = bus
+        self.on_children = on_children
+        self.instances: dict[str, Instance] = {}
+        self.configs: dict[str, ModelConfig] = {}
+        self._engine: Engine | None = None
+        self._background: list[asyncio.Task] = []
+
+    # ------------------------------------------------------------------ catalog and engine
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = find_engine(self.opts.engine)
+        return self._engine
+
+    def budget(self) -> int:
+        if self.opts.memory_budget > 0:
+            return self.opts.memory_budget
+        import psutil
+
+        return int(psutil.virtual_memory().total * 0.8)
+
+    def catalog(self) -> dict[str, Path]:
+        """Every model name the router serves: GGUFs in the models dir plus models started by path."""
+        found = {model_name(p): p for p in sorted(paths.models_dir().glob("*.gguf"))}
+        found.update({name: cfg.path for name, cfg in self.configs.items()})
+        return found
+
+    def config_for(self, name: str) -> ModelConfig:
+        if name in self.configs:
+            return self.configs[name]
+        path = self.catalog().get(name)
+        if path is None:
+            known = ", ".join(sorted(self.catalog())) or "none"
+            raise ModelError(f"model {name!r} does not exist", f"GET /v1/models lists the models: {known}")
+        cfg = ModelConfig(name, path, self.opts.ctx, self.opts.spec)
+        self.configs[name] = cfg
+        return cfg
+
+    def locate(self, model: str) -> Path | None:
+        """The GGUF of a model given by path or by a name resolve_model knows (None: a catalog name).
+        May assemble the embedded default model: call it off the event loop."""
+        return None if model in self.catalog() else resolve_model(model, log=log.info)
+
+    def register(self, model: str, ctx: int | None = None, spec: str | None = None,
+                 port: int | None = None, path: Path | None = None) -> ModelConfig:
+        """A model named or given by path (control API): its config, updated with what was asked."""
+        if path is None and model in self.catalog():
+            cfg = self.config_for(model)
+        else:
+            path = path or resolve_model(model, log=log.info)
+            name = model_name(path)
+            cfg = self.configs.get(name) or ModelConfig(name, path, self.opts.ctx, self.opts.spec)
+            self.configs[name] = cfg
+        if spec is not None:
+            parse_spec("auto" if spec == "on" else spec)  # a bad value fails here, before any relaunch
+            cfg.spec = spec
+        if ctx is not None:
+            cfg.ctx = ctx
+        if port is not None:
+            cfg.port = port
+        return cfg
+
+    # ------------------------------------------------------------------ the public operations
+
+    async def get_ready(self, name: str) -> Instance:
+        """The ready instance for `name`, loading it on demand. Callers queue here while it loads."""
+        inst = self.instances.get(name)
+        if inst is not None and inst.state == READY:
+            inst.last_used = time.monotonic()
+            return inst
+        if inst is None or inst.state in (STOPPED, STOPPING):  # a stop in progress finishes first
+            inst = await self.start(self.config_for(name))
+        elif inst.state == FAILED:
+            raise ServerError(f"model {name} failed: {inst.error['message'] if inst.error else 'unknown'}",
+                              f"see GET /bostudio/instances/{name}/log; restart it with POST "
+                              f"/bostudio/instances/{name}/restart")
+        assert inst.ready is not None
+        await asyncio.wait_for(asyncio.shield(inst.ready), self.opts.load_timeout)
+        inst.last_used = time.monotonic()
+        return inst
+
+    async def confirm_exited(self, inst: Instance, wait: float = 2.0) -> bool:
+        """True if `inst`'s server has exited; then waits until the supervisor has noticed, so that
+        the next get_ready() waits for the restart instead of routing to the dead port."""
+        proc = inst.proc
+        if proc is None or proc.alive():
+            return False
+        deadline = time.monotonic() + wait
+        while inst.state == READY and inst.proc is proc and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return True
+
+    async def start(self, cfg: ModelConfig) -> Instance:
+        """launch(), after a stop in progress for the same model has finished."""
+        inst = self.instances.get(cfg.name)
+        while inst is not None and inst.state == STOPPING:
+            await asyncio.sleep(0.05)
+        return self.launch(cfg)
+
+    def launch(self, cfg: ModelConfig) -> Instance:
+        """Start (or keep) the instance of `cfg` loading; returns at once."""
+        inst = self.instances.get(cfg.name)
+        if inst is not None and inst.state in RESIDENT_STATES:
+            return inst
+        if inst is None or inst.cfg is not cfg:
+            inst = Instance(cfg)
+            self.instances[cfg.name] = inst
+        inst.stopping = False
+        inst.error = None
+        inst.crashes.reset()
+        inst.ready = asyncio.get_running_loop().create_future()
+        inst.ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "never retrieved"
+        self._set_state(inst, LOADING)
+        inst.task = asyncio.create_task(self._lifecycle(inst), name=f"instance {cfg.name}")
+        return inst
+
+    async def stop(self, name: str, reason: str = "stopped") -> Instance:
+        inst = self.instances.get(name)
+        if inst is None:
+            raise ModelError(f"model {name!r} is not running", "GET /bostudio/instances lists what runs")
+        inst.stopping = True
+        failed = inst.state == FAILED
+        if inst.state in RESIDENT_STATES:
+            self._set_state(inst, STOPPING, reason=reason)
+        if inst.task is not None and not inst.task.done():
+            inst.task.cancel()
+            try:
+                await inst.task
+            except (asyncio.CancelledError, Exception):
+                pass
+        await self._stop_process(inst)
+        if not failed:
+            self._set_state(inst, STOPPED, reason=reason)
+        self._resolve(inst, ServerError(f"model {name} was {reason} while loading", "send the request again"))
+        return inst
+
+    async def restart(self, name: str) -> Instance:
+        cfg = self.config_for(name)
+        if name in self.instances:
+            await self.stop(name, reason="restarting")
+        return self.launch(cfg)
+
+    async def set_speculation(self, name: str, mode: str) -> Instance:
+        """Switch speculation on/off/auto (or a specific mode) for `name`; relaunch it if it runs."""
+        cfg = self.register(name, spec=mode)
+        inst = self.instances.get(cfg.name)
+        if inst is not None and inst.state in RESIDENT_STATES:
+            return await self.restart(cfg.name)
+        return inst or Instance(cfg)
+
+    async def shutdown(self) -> None:
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*(self.stop(n, reason="daemon shutdown") for n, i in list(self.instances.items())
+                               if i.state in RESIDENT_STATES + (STOPPING,)), return_exceptions=True)
+
+    def start_background(self) -> None:
+        self._background = [asyncio.create_task(self._idle_loop()), asyncio.create_task(self._stats_loop())]
+
+    def children(self) -> list[ChildRecord]:
+        out = []
+        for inst in self.instances.values():
+            p = inst.proc
+            if p is not None and p.alive() and p.pid is not None and inst.port is not None:
+                ct = p.create_time
+                if ct is not None:
+                    out.append(ChildRecord(inst.name, p.pid, ct, inst.port))
+        return out
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _set_state(self, inst: Instance, state: str, **extra: object) -> None:
+        inst.state = state
+        log.info("%s: %s %s", inst.name, state, extra or "")
+        self.bus.publish("state", model=inst.name, state=state, instance=inst.to_json(), **extra)
+
+    def _resolve(self, inst: Instance, error: BaseException | None) -> None:
+        fut = inst.ready
+        if fut is None or fut.done():
+            return
+        if error is None:
+            fut.set_result(inst)
+        else:
+            fut.set_exception(error)
+
+    def _fail(self, inst: Instance, exc: BostudioError) -> None:
+        inst.error = {"message": exc.message, "hint": exc.hint, "type": type(exc).__name__,
+                      "log_tail": tail(inst.log_path, 20), "plan": inst.plan}
+        self._set_state(inst, FAILED, error=inst.error)
+        self._resolve(inst, exc)
+
+    async def _lifecycle(self, inst: Instance) -> None:
+        """Load, serve, and after a crash restart with backoff, until stopped or crash-looping."""
+        while True:
+            try:
+                await self._launch_once(inst)
+            except asyncio.CancelledError:
+                raise
+            except OutOfMemoryError as exc:
+                # Restarting would run out of memory again: report it with the plan that caused it.
+                await self._stop_process(inst)
+                exc.message += f" (plan: {inst.plan.get('summary', 'unknown')})"
+                self._fail(inst, exc)
+                return
+            except PortInUseError as exc:
+                await self._stop_process(inst)
+                if inst.cfg.port is not None:  # a pinned port that is taken will stay taken
+                    self._fail(inst, exc)
+                    return
+                if self._crashed(inst, str(exc)):  # the next launch picks another free port
+                    return
+                await self._backoff(inst)
+                continue
+            except BostudioError as exc:
+                await self._stop_process(inst)
+                if self._crashed(inst, str(exc)):
+                    return
+                await self._backoff(inst)
+                continue
+            except Exception as exc:  # a bug must not leave requests waiting forever
+                log.exception("%s: unexpected error while loading", inst.name)
+                await self._stop_process(inst)
+                self._fail(inst, ServerError(f"unexpected error while loading: {exc!r}", "see the daemon log"))
+                return
+            self._resolve(inst, None)
+            code = await self._wait_exit(inst)
+            if inst.stopping:
+                return
+            lines = tail(inst.log_path, 5)
+            if self._crashed(inst, f"llama-server exited with code {code}: " + (lines[-1] if lines else "")):
+                return
+            await self._backoff(inst)
+
+    def _crashed(self, inst: Instance, why: str) -> bool:
+        """Count a crash; after too many in the window mark the model failed. True when failed."""
+        inst.crashes.record(time.monotonic())
+        self.on_children(self.children())
+        if inst.crashes.crash_loop():
+            self._fail(inst, ServerError(
+                f"{inst.name} crashed {len(inst.crashes.times)} times in {inst.crashes.window:.0f} s; "
+                f"last: {why}", f"see the log {inst.log_path}; restart it with `bostudio up --daemon {inst.name}`"))
+            return True
+        self._set_state(inst, RESTARTING, reason=why, crashes=len(inst.crashes.times))
+        if inst.ready is None or inst.ready.done():
+            inst.ready = asyncio.get_running_loop().create_future()
+            inst.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return False
+
+    async def _backoff(self, inst: Instance) -> None:
+        await asyncio.sleep(inst.crashes.backoff())
+        self._set_state(inst, LOADING)
+
+    async def _launch_once(self, inst: Instance) -> None:
+        cfg = inst.cfg
+        # Probing the engine and reading a large GGUF header take a while: not on the event loop.
+        engine = await asyncio.to_thread(lambda: self.engine)
+        info = await asyncio.to_thread(describe, cfg.path)
+        request = parse_spec("auto" if cfg.spec == "on" else cfg.spec)
+        speculator = choose_speculator(request, n_nextn=info.n_nextn, engine_spec_types=engine.spec_types,
+                                       has_gpu=engine.gpu_mib() > 0)
+        draft_bytes = speculator.draft.stat().st_size if speculator.draft else 0
+        need = policy.estimate_bytes(info.file_size, cfg.ctx, kv_bytes_per_token(info), draft_bytes)
+        inst.speculator = speculator
+        inst.plan = {"bytes": need, "weights_bytes": info.file_size, "draft_bytes": draft_bytes, "ctx": cfg.ctx,
+                     "kv_bytes_per_token": kv_bytes_per_token(info), "budget_bytes": self.budget(),
+                     "summary": f"{need / policy.MIB:.0f} MiB for {cfg.name} at ctx {cfg.ctx} with "
+                                f"speculation {speculator.label}, budget {self.budget() / policy.MIB:.0f} MiB"}
+        await self._make_room(inst, need)
+
+        inst.port = cfg.port or free_loopback_port()
+        inst.api_key = secrets.token_urlsafe(32)
+        spec = LaunchSpec(model=cfg.path, alias=cfg.name, port=inst.port, host="127.0.0.1", ctx=cfg.ctx,
+                          speculator=speculator)
+        argv = build_argv(engine.path, engine.flags, spec)
+        # The key goes through the environment, not argv (which every local user can read).
+        env = {**os.environ, "LLAMA_API_KEY": inst.api_key}
+        inst.proc = ServerProcess(argv, inst.port, inst.log_path, api_key=inst.api_key, env=env)
+        inst.loads += 1
+        inst.proc.start()  # on the loop's thread: see the module docstring
+        self.on_children(self.children())
+        self.bus.publish("launch", model=cfg.name, pid=inst.proc.pid, port=inst.port, argv=argv)
+        inst.ready_s = await self._wait_ready(inst)
+        if inst.http is not None:
+            await inst.http.aclose()
+        inst.http = upstream_client(inst.proc.base_url, inst.api_key, UPSTREAM_TIMEOUT, UPSTREAM_LIMITS)
+        status = await asyncio.to_thread(self._probe, inst)
+        inst.spec_status = asdict(status)
+        inst.ready_since = time.monotonic()
+        inst.last_used = time.monotonic()
+        self._set_state(inst, READY)
+
+    def _probe(self, inst: Instance):
+        assert inst.proc is not None and inst.speculator is not None
+        try:
+            with LlamaClient(inst.proc.base_url, inst.api_key,
+                             timeout=httpx.Timeout(self.opts.stall_timeout, connect=2.0)) as client:
+                return verify_speculation(client, inst.speculator, inst.log_path, self.opts.probe_tokens)
+        except httpx.HTTPError as exc:
+            raise ServerError(f"llama-server did not answer the probe request: {exc}",
+                              f"see the log: {inst.log_path}") from exc
+
+    async def _wait_ready(self, inst: Instance) -> float:
+        """/health 200 from *our* child (a decoy on the port is not us); progress vs. stall."""
+        proc = inst.proc
+        assert proc is not None and proc.proc is not None
+        started = time.monotonic()
+        watch = LoadWatch(self.opts.stall_timeout, started)
+        async with httpx.AsyncClient(base_url=proc.base_url, timeout=httpx.Timeout(2.0), trust_env=False) as http:
+            while True:
+                if proc.proc.poll() is not None:
+                    raise classify_failure(tail(inst.log_path, 40), proc.port)
+                try:
+                    healthy = (await http.get("/health")).status_code == 200
+                except httpx.HTTPError:
+                    healthy = False
+                if healthy:
+                    if proc.proc.poll() is None and listening_pid_ok(proc.proc.pid, proc.port):
+                        return time.monotonic() - started
+                    if proc.proc.poll() is not None:
+                        raise classify_failure(tail(inst.log_path, 40), proc.port)
+                    raise PortInUseError(f"another process answers on port {proc.port}, not the llama-server "
+                                         f"bostudio started (pid {proc.proc.pid}): not trusting it",
+                                         "stop whatever listens on that port, or let bostudio pick the port")
+                now = time.monotonic()
+                if watch.stalled(log_size(inst.log_path), now) or now - started > self.opts.load_timeout:
+                    raise proc.not_ready_error(now - started, watch.silent_for(now))
+                await asyncio.sleep(0.05)
+
+    async def _wait_exit(self, inst: Instance) -> int | None:
+        assert inst.proc is not None and inst.proc.proc is not None
+        while True:
+            code = inst.proc.proc.poll()
+            if code is not None:
+                return code
+            await asyncio.sleep(0.2)
+
+    async def _stop_process(self, inst: Instance) -> None:
+        proc = inst.proc
+        if proc is not None and proc.proc is not None:
+            await asyncio.to_thread(proc.stop, self.opts.grace)
+        if inst.http is not None:
+            await inst.http.aclose()
+            inst.http = None
+        inst.ready_since = None
+        self.on_children(self.children())
+
+    async def _make_room(self, inst: Instance, need: int) -> None:
+        resident = [policy.Resident(i.name, int(i.plan.get("bytes", 0)), i.last_used,
+                                    busy=i.active > 0 or i.state != READY)
+                    for i in self.instances.values() if i is not inst and i.state in RESIDENT_STATES]
+        victims = policy.choose_evictions(resident, need, self.budget())
+        if victims is None:
+            raise OutOfMemoryError(f"{inst.name} needs {need / policy.MIB:.0f} MiB and does not fit the memory "
+                                   f"budget of {self.budget() / policy.MIB:.0f} MiB next to the busy models",
+                                   "stop a model (`bostudio stop MODEL`), use a smaller context, or raise "
+                                   "--memory-budget")
+        for name in victims:
+            self.bus.publish("evict", model=name, for_model=inst.name)
+            await self.stop(name, reason="evicted")
+
+    # ------------------------------------------------------------------ background loops
+
+    async def _idle_loop(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.2, min(5.0, self.opts.idle_ttl / 4)) if self.opts.idle_ttl > 0 else 5.0)
+            resident = [policy.Resident(i.name, 0, i.last_used, busy=i.active > 0)
+                        for i in self.instances.values() if i.state == READY]
+            for name in policy.idle_expired(resident, time.monotonic(), self.opts.idle_ttl):
+                await self.stop(name, reason="idle")
+
+    async def _stats_loop(self) -> None:
+        while True:
+            await asyncio.sleep(2.0)
+            for inst in list(self.instances.values()):
+                if inst.state != READY or inst.http is None or inst.stats.requests == inst.scraped_requests:
+                    continue
+                inst.scraped_requests = inst.stats.requests
+                try:
+                    r = await inst.http.get("/metrics", timeout=5.0)
+                    if r.status_code == 200:
+                        inst.stats.add_metrics(parse_metrics(r.text))
+                except httpx.HTTPError:
+                    continue
+                self.bus.publish("stats", model=inst.name, stats=inst.stats.to_json())
