@@ -16,11 +16,10 @@ from bostudio import paths
 from bostudio.catalog.resolve import model_name, resolve_model
 from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.engine.discover import Engine, find_engine
-from bostudio.errors import ConfigError, ModelError, PortInUseError, ServerError
+from bostudio.errors import ConfigError, PortInUseError, ServerError
 from bostudio.gguf import describe
-from bostudio.hardware import discover_devices
-from bostudio.pairing.pair import choose
-from bostudio.planner import Plan, plan_for_launch
+from bostudio.launch import decide_launch
+from bostudio.planner import Plan
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import ServerProcess, tail
 from bostudio.speculation import Speculator, parse_spec
@@ -101,12 +100,6 @@ def verify_speculation(client: LlamaClient, speculator: Speculator, log_path: Pa
     return SpecStatus(False, "INACTIVE: " + _spec_failure_reason(log_path))
 
 
-def _without_ctx(args: list[str]) -> list[str]:
-    """The plan's flags minus `-c`, which LaunchSpec carries itself."""
-    i = args.index("-c")
-    return args[:i] + args[i + 2:]
-
-
 def _raise_stop(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -126,27 +119,13 @@ def prepare_launch(opts: UpOptions, note=print) -> Prepared:  # type: ignore[no-
     request = parse_spec(opts.spec)
     if opts.ctx is not None and opts.ctx < 256:
         raise ConfigError(f"--ctx {opts.ctx} is too small", "use at least 256 tokens, or leave it to the plan")
-    if request.draft is not None and not request.draft.is_file():
-        raise ModelError(f"draft model {request.draft} not found", "pass an existing .gguf file as --spec draft:PATH")
     model = resolve_model(opts.model, log=note)
     info = describe(model)  # raises GGUFFormatError for truncated or crafted files
-    if request.draft is not None:
-        describe(request.draft)
     check_port_free(opts.host, opts.port)
     engine = find_engine(opts.engine)
-    # The pairing table, auto-detection and the compatibility check; an incompatible draft raises here.
-    speculator = choose(info, request, engine, opts.ctx or info.n_ctx_train)[0].speculator
-    draft_info = describe(speculator.draft) if speculator.draft is not None else None
-    # The memory plan sets context, offload, slots and cache types; in auto mode it may trade a
-    # draft for a cheaper speculator when the draft would cost too much context.
-    devices = discover_devices(engine_devices=engine.devices).devices
-    mode = {"auto": "auto", "off": "off"}.get(request.mode, "on")
-    plan = plan_for_launch(info, devices, ctx=opts.ctx, speculator=speculator, draft=draft_info,
-                           speculation=mode, cache_type=opts.cache_type)
-    launch = LaunchSpec(model=model, alias=model_name(model), port=opts.port, host=opts.host,
-                        ctx=plan.chosen.n_ctx, speculator=plan.chosen.speculator,
-                        extra_args=tuple(_without_ctx(plan.llama_args())))
-    return Prepared(engine, launch, plan, build_argv(engine.path, engine.flags, launch))
+    decision = decide_launch(info, request, engine, ctx=opts.ctx, cache_type=opts.cache_type)
+    launch = decision.launch_spec(model, model_name(model), opts.port, opts.host)
+    return Prepared(engine, launch, decision.plan, build_argv(engine.path, engine.flags, launch))
 
 
 def run_up(opts: UpOptions, out=sys.stdout) -> int:

@@ -1,0 +1,61 @@
+"""What to launch for one model: the speculator (pairing table + compatibility check) and the memory
+plan (context, offload, cache types), for `bostudio up` and the daemon alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from bostudio.engine.argv import LaunchSpec
+from bostudio.engine.discover import Engine
+from bostudio.errors import ModelError
+from bostudio.gguf import ModelInfo, describe
+from bostudio.hardware import discover_devices
+from bostudio.pairing.pair import choose
+from bostudio.planner import Plan, plan_for_launch
+from bostudio.speculation import SpecRequest
+
+
+@dataclass(frozen=True)
+class LaunchDecision:
+    plan: Plan
+    args: tuple[str, ...]  # the plan's memory flags, except -c (LaunchSpec carries the context)
+
+    @property
+    def speculator(self):  # type: ignore[no-untyped-def]
+        return self.plan.chosen.speculator
+
+    @property
+    def ctx(self) -> int:
+        return self.plan.chosen.n_ctx
+
+    @property
+    def bytes(self) -> int:
+        """Everything the instance takes on all devices, by the planner's memory model."""
+        return self.plan.chosen.total
+
+    def launch_spec(self, model: Path, alias: str, port: int, host: str = "127.0.0.1",
+                    api_key: str | None = None) -> LaunchSpec:
+        return LaunchSpec(model=model, alias=alias, port=port, host=host, ctx=self.ctx,
+                          speculator=self.speculator, api_key=api_key, extra_args=self.args)
+
+
+def decide_launch(info: ModelInfo, request: SpecRequest, engine: Engine, *, ctx: int | None = None,
+                  cache_type: str = "f16") -> LaunchDecision:
+    """Choose the speculator and plan memory. Raises for an incompatible draft or a model that does not fit."""
+    if request.draft is not None:
+        if not request.draft.is_file():
+            raise ModelError(f"draft model {request.draft} not found",
+                             "pass an existing .gguf file as --spec draft:PATH")
+        describe(request.draft)  # a damaged draft is a clear error here, not a crash in llama-server
+    # The pairing table, auto-detection and the compatibility check; an incompatible draft raises here.
+    speculator = choose(info, request, engine, ctx or info.n_ctx_train)[0].speculator
+    draft_info = describe(speculator.draft) if speculator.draft is not None else None
+    # In auto mode the plan may trade a draft for a cheaper speculator when it costs too much context.
+    devices = discover_devices(engine_devices=engine.devices).devices
+    mode = {"auto": "auto", "off": "off"}.get(request.mode, "on")
+    plan = plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft_info,
+                           speculation=mode, cache_type=cache_type)
+    args = plan.llama_args()
+    i = args.index("-c")
+    return LaunchDecision(plan, tuple(args[:i] + args[i + 2:]))
