@@ -29,6 +29,7 @@ from bostudio.daemon.security import SecurityMiddleware
 from bostudio.daemon.stats import timings_from_body, timings_from_sse
 from bostudio.daemon.supervisor import READY, Instance, Supervisor, SupervisorOptions
 from bostudio.errors import BostudioError, ConfigError, ModelError, RequestError, ServerError
+from bostudio.runtime import passthrough
 from bostudio.runtime.process import tail
 
 log = logging.getLogger("bostudio.daemon")
@@ -145,27 +146,22 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
             inst.active += 1
             inst.stats.requests += 1
             try:
-                if inst.http is None:
+                if inst.http is None or inst.port is None:
                     raise httpx.ConnectError("instance is not ready")
-                upstream = await inst.http.send(inst.http.build_request(
-                    "POST", path, content=raw, headers={"content-type": "application/json"}), stream=True)
+                upstream = await passthrough.post("127.0.0.1", inst.port, path, raw, inst.api_key)
                 return forward(inst, upstream, streaming)
             except httpx.HTTPError as exc:
                 inst.active -= 1
                 inst.stats.errors += 1
                 log.warning("%s: upstream %s failed (attempt %d): %r", inst.name, path, attempt, exc)
-                # Not connected means not sent: if the child just died, wait for the reload and retry
-                # once. A live child that closed a reused connection without answering closed it idle.
+                # Not connected means not sent: if the child just died, wait for the reload and retry once.
                 if attempt == 1 and isinstance(exc, httpx.ConnectError) and await sup.confirm_exited(inst):
-                    continue
-                if attempt == 1 and isinstance(exc, httpx.RemoteProtocolError) and inst.proc is not None \
-                        and inst.proc.alive() and "without sending a response" in str(exc):
                     continue
                 return openai_error(502, f"llama-server for {inst.name} failed: {exc!r}", "server_error",
                                     "the model is restarted automatically; send the request again")
         raise AssertionError("unreachable")
 
-    def forward(inst: Instance, upstream: httpx.Response, streaming: bool) -> Response:
+    def forward(inst: Instance, upstream: passthrough.UpstreamResponse, streaming: bool) -> Response:
         async def relay() -> AsyncIterator[bytes]:
             body = bytearray()
             try:

@@ -29,7 +29,7 @@ from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PortInUseError, ServerError)
 from bostudio.gguf import ModelInfo, describe
-from bostudio.runtime.client import LlamaClient, upstream_client
+from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import (CrashHistory, LoadWatch, ServerProcess, classify_failure, listening_pid_ok,
                                       log_size, tail)
 from bostudio.speculation import Speculator, choose_speculator, parse_spec
@@ -40,10 +40,7 @@ log = logging.getLogger("bostudio.daemon")
 # Instance states. `restarting` waits out a backoff after a crash; `failed` needs an explicit start.
 STOPPED, LOADING, READY, RESTARTING, FAILED, STOPPING = "stopped", "loading", "ready", "restarting", "failed", "stopping"
 RESIDENT_STATES = (LOADING, READY, RESTARTING)
-UPSTREAM_TIMEOUT = httpx.Timeout(connect=2.0, read=3600.0, write=60.0, pool=30.0)
-# llama-server (cpp-httplib) closes a keep-alive connection idle for 5 s; httpx's default expiry is
-# also 5 s, so a request could race the close. Let our side expire idle connections first.
-UPSTREAM_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=32, keepalive_expiry=2.0)
+UPSTREAM_TIMEOUT = httpx.Timeout(10.0, connect=2.0)
 
 
 @dataclass(frozen=True)
@@ -421,7 +418,9 @@ class Supervisor:
         inst.ready_s = await self._wait_ready(inst)
         if inst.http is not None:
             await inst.http.aclose()
-        inst.http = upstream_client(inst.proc.base_url, inst.api_key, UPSTREAM_TIMEOUT, UPSTREAM_LIMITS)
+        # For /metrics; proxied requests take the passthrough path (bostudio/runtime/passthrough.py).
+        inst.http = httpx.AsyncClient(base_url=inst.proc.base_url, timeout=UPSTREAM_TIMEOUT, trust_env=False,
+                                      headers={"Authorization": f"Bearer {inst.api_key}"})
         status = await asyncio.to_thread(self._probe, inst)
         inst.spec_status = asdict(status)
         inst.ready_since = time.monotonic()
