@@ -286,13 +286,13 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         from bostudio.daemon.supervisor import kv_bytes_per_token
         from bostudio.engine.argv import LaunchSpec, build_argv
         from bostudio.gguf import describe
-        from bostudio.speculation import choose_speculator, parse_spec
+        from bostudio.pairing.pair import choose
+        from bostudio.speculation import parse_spec
 
         cfg = sup.config_for(model)
         mi = describe(cfg.path)
         eng = sup.engine
-        sp = choose_speculator(parse_spec("auto" if cfg.spec == "on" else cfg.spec), n_nextn=mi.n_nextn,
-                               engine_spec_types=eng.spec_types, has_gpu=eng.gpu_mib() > 0)
+        sp = choose(mi, parse_spec("auto" if cfg.spec == "on" else cfg.spec), eng, cfg.ctx)[0].speculator
         need = policy.estimate_bytes(mi.file_size, cfg.ctx, kv_bytes_per_token(mi),
                                      sp.draft.stat().st_size if sp.draft else 0)
         argv = build_argv(eng.path, eng.flags, LaunchSpec(cfg.path, cfg.name, 0, ctx=cfg.ctx, speculator=sp))
@@ -303,7 +303,8 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
              summary="The speculator each mode would pair with a model (pairings.toml lands with issue 5)")
     async def pairings(model: str) -> dict:
         from bostudio.gguf import describe
-        from bostudio.speculation import choose_speculator, parse_spec
+        from bostudio.pairing.pair import choose
+        from bostudio.speculation import parse_spec
 
         cfg = sup.config_for(model)
         mi = describe(cfg.path)
@@ -311,8 +312,7 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         out = {}
         for mode in ("auto", "ngram", "mtp", "off"):
             try:
-                sp = choose_speculator(parse_spec(mode), n_nextn=mi.n_nextn, engine_spec_types=eng.spec_types,
-                                       has_gpu=eng.gpu_mib() > 0)
+                sp = (await asyncio.to_thread(choose, mi, parse_spec(mode), eng, cfg.ctx))[0].speculator
                 out[mode] = {"speculation": sp.label, "kind": sp.kind, "reason": sp.reason}
             except BostudioError as exc:
                 out[mode] = {"error": exc.message}

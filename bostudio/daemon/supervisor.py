@@ -32,7 +32,8 @@ from bostudio.gguf import ModelInfo, describe
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import (CrashHistory, LoadWatch, ServerProcess, classify_failure, listening_pid_ok,
                                       log_size, tail)
-from bostudio.speculation import Speculator, choose_speculator, parse_spec
+from bostudio.pairing.pair import choose
+from bostudio.speculation import Speculator, parse_spec
 from bostudio.up import verify_speculation
 
 log = logging.getLogger("bostudio.daemon")
@@ -392,8 +393,8 @@ class Supervisor:
         engine = await asyncio.to_thread(lambda: self.engine)
         info = await asyncio.to_thread(describe, cfg.path)
         request = parse_spec("auto" if cfg.spec == "on" else cfg.spec)
-        speculator = choose_speculator(request, n_nextn=info.n_nextn, engine_spec_types=engine.spec_types,
-                                       has_gpu=engine.gpu_mib() > 0)
+        # The pairing table, auto-detection and the compatibility check, as for `bostudio up`.
+        speculator = (await asyncio.to_thread(choose, info, request, engine, cfg.ctx))[0].speculator
         draft_bytes = speculator.draft.stat().st_size if speculator.draft else 0
         need = policy.estimate_bytes(info.file_size, cfg.ctx, kv_bytes_per_token(info), draft_bytes)
         inst.speculator = speculator
