@@ -282,8 +282,7 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         return await asyncio.to_thread(plan_for, model)
 
     def plan_for(model: str) -> dict:
-        from bostudio.daemon import policy
-        from bostudio.daemon.supervisor import kv_bytes_per_token
+        from bostudio.daemon.supervisor import plan_memory
         from bostudio.engine.argv import LaunchSpec, build_argv
         from bostudio.gguf import describe
         from bostudio.pairing.pair import choose
@@ -293,11 +292,11 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         mi = describe(cfg.path)
         eng = sup.engine
         sp = choose(mi, parse_spec("auto" if cfg.spec == "on" else cfg.spec), eng, cfg.ctx)[0].speculator
-        need = policy.estimate_bytes(mi.file_size, cfg.ctx, kv_bytes_per_token(mi),
-                                     sp.draft.stat().st_size if sp.draft else 0)
+        planned = plan_memory(mi, sp, eng, cfg.ctx)
         argv = build_argv(eng.path, eng.flags, LaunchSpec(cfg.path, cfg.name, 0, ctx=cfg.ctx, speculator=sp))
         return {"model": cfg.name, "ctx": cfg.ctx, "spec_mode": cfg.spec, "speculation": sp.label,
-                "reason": sp.reason, "bytes": need, "budget_bytes": sup.budget(), "argv": argv}
+                "reason": sp.reason, "bytes": planned.chosen.total, "why": planned.why,
+                "budget_bytes": sup.budget(), "argv": argv}
 
     @app.get("/bostudio/pairings/{model}", tags=["control"],
              summary="The speculator each mode would pair with a model (pairings.toml lands with issue 5)")

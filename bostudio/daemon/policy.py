@@ -1,13 +1,11 @@
-"""Memory estimate, eviction and idle unloading: pure decisions, swapped for the planner's (issue 4)
-when it lands. No file, process or network access."""
+"""Eviction and idle unloading: pure decisions on the planner's per-instance bytes.
+No file, process or network access."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 MIB = 1 << 20
-# Compute buffers, the server itself and slack, per instance.
-OVERHEAD_BYTES = 64 * MIB
 
 
 @dataclass(frozen=True)
@@ -18,11 +16,6 @@ class Resident:
     bytes: int
     last_used: float  # monotonic seconds
     busy: bool  # requests in flight or loading: never evicted
-
-
-def estimate_bytes(weights: int, ctx: int, kv_bytes_per_token: int, draft_weights: int = 0) -> int:
-    """Predicted resident bytes of one instance: weights (+ draft), KV cache for ctx tokens, overhead."""
-    return weights + draft_weights + ctx * kv_bytes_per_token + OVERHEAD_BYTES
 
 
 def choose_evictions(resident: list[Resident], need: int, budget: int) -> list[str] | None:

@@ -29,10 +29,12 @@ from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PortInUseError, ServerError)
 from bostudio.gguf import ModelInfo, describe
+from bostudio.hardware import discover_devices
+from bostudio.pairing.pair import choose
+from bostudio.planner import Plan, plan_for_launch
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import (CrashHistory, LoadWatch, ServerProcess, classify_failure, listening_pid_ok,
                                       log_size, tail)
-from bostudio.pairing.pair import choose
 from bostudio.speculation import Speculator, parse_spec
 from bostudio.up import verify_speculation
 
@@ -68,10 +70,13 @@ class ModelConfig:
     port: int | None = None  # pinned child port (else a free one per launch)
 
 
-def kv_bytes_per_token(info: ModelInfo) -> int:
-    """f16 K+V bytes per context token over the trunk layers (the planner of issue 4 refines this)."""
-    heads = info.n_head_kv[:info.n_layer] or (0,)
-    return 2 * sum(h * (info.head_dim_k + info.head_dim_v) for h in heads)
+def plan_memory(info: ModelInfo, speculator: Speculator, engine: Engine, ctx: int) -> Plan:
+    """The planner's view of one child as the daemon runs it (llama-server's defaults: 4 slots sharing
+    one f16 KV pool): what it needs decides what gets evicted. Raises PlanError if it cannot fit."""
+    draft = describe(speculator.draft) if speculator.draft else None
+    devices = discover_devices(engine_devices=engine.devices).devices
+    return plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft,
+                           speculation="off" if speculator.kind == "none" else "on")
 
 
 def free_loopback_port() -> int:
@@ -395,11 +400,15 @@ class Supervisor:
         request = parse_spec("auto" if cfg.spec == "on" else cfg.spec)
         # The pairing table, auto-detection and the compatibility check, as for `bostudio up`.
         speculator = (await asyncio.to_thread(choose, info, request, engine, cfg.ctx))[0].speculator
-        draft_bytes = speculator.draft.stat().st_size if speculator.draft else 0
-        need = policy.estimate_bytes(info.file_size, cfg.ctx, kv_bytes_per_token(info), draft_bytes)
+        # The planner's memory model for what the child runs (llama-server's defaults: 4 slots sharing
+        # one f16 KV pool) decides what is needed and so what gets evicted.
+        planned = await asyncio.to_thread(plan_memory, info, speculator, engine, cfg.ctx)
+        need = planned.chosen.total
         inst.speculator = speculator
-        inst.plan = {"bytes": need, "weights_bytes": info.file_size, "draft_bytes": draft_bytes, "ctx": cfg.ctx,
-                     "kv_bytes_per_token": kv_bytes_per_token(info), "budget_bytes": self.budget(),
+        inst.plan = {"bytes": need, "weights_bytes": info.file_size, "ctx": cfg.ctx,
+                     "budget_bytes": self.budget(), "why": planned.why,
+                     "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes}
+                              for u in planned.chosen.uses],
                      "summary": f"{need / policy.MIB:.0f} MiB for {cfg.name} at ctx {cfg.ctx} with "
                                 f"speculation {speculator.label}, budget {self.budget() / policy.MIB:.0f} MiB"}
         await self._make_room(inst, need)
