@@ -448,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "ready, verify that speculation is really active, print the OpenAI "
                                    "base URL, and stay in the foreground until Ctrl-C / SIGTERM.")
     p.add_argument("model", nargs="?", default=None, metavar="MODEL",
-                   help="a GGUF path or a model name in models/ (default: the embedded Gemma 3 270M)")
+                   help="a GGUF path or a model name `bostudio ls` shows (default: the embedded Gemma 3 270M)")
     p.add_argument("--ctx", type=int, default=None, metavar="N",
                    help="context size in tokens (default: the largest the memory plan fits, up to the "
                         "model's training context)")
@@ -477,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "passed over, and what it costs in memory. A draft pair llama.cpp would "
                                    "refuse is never chosen.")
     p.add_argument("model", nargs="?", default=None, metavar="MODEL",
-                   help="a GGUF path or a model name in models/ (default: the embedded Gemma 3 270M)")
+                   help="a GGUF path or a model name `bostudio ls` shows (default: the embedded Gemma 3 270M)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--spec", default="auto", metavar="MODE",
                    help="auto | off | ngram | draft:PATH | mtp (default auto), as for `up`")
