@@ -48,11 +48,11 @@ def decide_launch(info: ModelInfo, request: SpecRequest, engine: Engine, *, ctx:
             raise ModelError(f"draft model {request.draft} not found",
                              "pass an existing .gguf file as --spec draft:PATH")
         describe(request.draft)  # a damaged draft is a clear error here, not a crash in llama-server
+    devices = discover_devices(engine_devices=engine.devices).devices
     # The pairing table, auto-detection and the compatibility check; an incompatible draft raises here.
-    speculator = choose(info, request, engine, ctx or info.n_ctx_train)[0].speculator
+    speculator = choose(info, request, engine, ctx or info.n_ctx_train, devices=devices)[0].speculator
     draft_info = describe(speculator.draft) if speculator.draft is not None else None
     # In auto mode the plan may trade a draft for a cheaper speculator when it costs too much context.
-    devices = discover_devices(engine_devices=engine.devices).devices
     mode = {"auto": "auto", "off": "off"}.get(request.mode, "on")
     plan = plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft_info,
                            speculation=mode, cache_type=cache_type)

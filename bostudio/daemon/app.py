@@ -282,17 +282,14 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         return await asyncio.to_thread(plan_for, model)
 
     def plan_for(model: str) -> dict:
-        from bostudio.daemon.supervisor import plan_memory
+        from bostudio.daemon.supervisor import plan_child
         from bostudio.engine.argv import LaunchSpec, build_argv
         from bostudio.gguf import describe
-        from bostudio.pairing.pair import choose
-        from bostudio.speculation import parse_spec
 
         cfg = sup.config_for(model)
-        mi = describe(cfg.path)
         eng = sup.engine
-        sp = choose(mi, parse_spec("auto" if cfg.spec == "on" else cfg.spec), eng, cfg.ctx)[0].speculator
-        planned = plan_memory(mi, sp, eng, cfg.ctx)
+        planned = plan_child(describe(cfg.path), cfg.spec, eng, cfg.ctx)
+        sp = planned.chosen.speculator
         argv = build_argv(eng.path, eng.flags, LaunchSpec(cfg.path, cfg.name, 0, ctx=cfg.ctx, speculator=sp))
         return {"model": cfg.name, "ctx": cfg.ctx, "spec_mode": cfg.spec, "speculation": sp.label,
                 "reason": sp.reason, "bytes": planned.chosen.total, "why": planned.why,

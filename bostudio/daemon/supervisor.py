@@ -70,11 +70,14 @@ class ModelConfig:
     port: int | None = None  # pinned child port (else a free one per launch)
 
 
-def plan_memory(info: ModelInfo, speculator: Speculator, engine: Engine, ctx: int) -> Plan:
-    """The planner's view of one child as the daemon runs it (llama-server's defaults: 4 slots sharing
-    one f16 KV pool): what it needs decides what gets evicted. Raises PlanError if it cannot fit."""
-    draft = describe(speculator.draft) if speculator.draft else None
+def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int) -> Plan:
+    """The speculator (pairing table, auto-detection and compatibility check, as for `bostudio up`) and
+    the planner's view of the child as the daemon runs it (llama-server's defaults: 4 slots sharing one
+    f16 KV pool): `chosen.total` decides what gets evicted. Raises PlanError if it cannot fit."""
     devices = discover_devices(engine_devices=engine.devices).devices
+    request = parse_spec("auto" if spec_mode == "on" else spec_mode)
+    speculator = choose(info, request, engine, ctx, devices=devices)[0].speculator
+    draft = describe(speculator.draft) if speculator.draft else None
     return plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft,
                            speculation="off" if speculator.kind == "none" else "on")
 
@@ -397,12 +400,8 @@ class Supervisor:
         # Probing the engine and reading a large GGUF header take a while: not on the event loop.
         engine = await asyncio.to_thread(lambda: self.engine)
         info = await asyncio.to_thread(describe, cfg.path)
-        request = parse_spec("auto" if cfg.spec == "on" else cfg.spec)
-        # The pairing table, auto-detection and the compatibility check, as for `bostudio up`.
-        speculator = (await asyncio.to_thread(choose, info, request, engine, cfg.ctx))[0].speculator
-        # The planner's memory model for what the child runs (llama-server's defaults: 4 slots sharing
-        # one f16 KV pool) decides what is needed and so what gets evicted.
-        planned = await asyncio.to_thread(plan_memory, info, speculator, engine, cfg.ctx)
+        planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx)
+        speculator = planned.chosen.speculator
         need = planned.chosen.total
         inst.speculator = speculator
         inst.plan = {"bytes": need, "weights_bytes": info.file_size, "ctx": cfg.ctx,

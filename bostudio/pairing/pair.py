@@ -85,7 +85,8 @@ def engine_devices(engine: Engine) -> tuple[Device, ...]:
 
 
 def choose(target: ModelInfo, request: SpecRequest, engine: Engine, ctx: int = 4096,
-           table: PairingTable | None = None) -> tuple[Selection, PairingTable]:
+           table: PairingTable | None = None,
+           devices: tuple[Device, ...] | None = None) -> tuple[Selection, PairingTable]:
     """Select the speculator for `target` with the user's and the shipped tables and the local GGUFs.
     Explicit modes (off, ngram, mtp, draft:PATH) need neither the tables nor a scan of the catalog."""
     if request.mode != "auto":
@@ -95,7 +96,7 @@ def choose(target: ModelInfo, request: SpecRequest, engine: Engine, ctx: int = 4
         table = load_pairings() if table is None else table
         named = [c.draft for e in table.entries for c in e.candidates if c.draft is not None]
         drafts = draft_files(target, local_gguf_paths(target, named))
-    devices = engine_devices(engine)
+    devices = engine_devices(engine) if devices is None else devices
 
     def cost(sp, draft):  # type: ignore[no-untyped-def]
         return speculator_memory_bytes(target, sp, draft, ctx, devices)
