@@ -303,7 +303,10 @@ def _daemon_options(args: argparse.Namespace):
     from bostudio.daemon.supervisor import SupervisorOptions
 
     sup = SupervisorOptions(engine=args.engine, memory_budget=int(args.memory_budget * (1 << 20)),
-                            idle_ttl=args.idle_ttl, stall_timeout=args.stall_timeout)
+                            idle_ttl=args.idle_ttl, stall_timeout=args.stall_timeout,
+                            stream_idle_timeout=args.stream_idle_timeout, failed_cooldown=args.failed_cooldown,
+                            prompt_reuse=not args.no_prompt_reuse, prompt_store_dir=args.prompt_store_dir,
+                            prompt_store_bytes=int(args.prompt_store_mib * (1 << 20)))
     return DaemonOptions(host=args.host, port=args.port, require_token=args.require_token,
                          allow_hosts=tuple(args.allow_host), supervisor=sup)
 
@@ -311,7 +314,10 @@ def _daemon_options(args: argparse.Namespace):
 def _daemon_args(args: argparse.Namespace) -> list[str]:
     """The daemon options of this command line, to pass to a background daemon."""
     out = ["--memory-budget", str(args.memory_budget), "--idle-ttl", str(args.idle_ttl),
-           "--stall-timeout", str(args.stall_timeout)]
+           "--stall-timeout", str(args.stall_timeout), "--stream-idle-timeout", str(args.stream_idle_timeout),
+           "--failed-cooldown", str(args.failed_cooldown), "--prompt-store-mib", str(args.prompt_store_mib)]
+    out += ["--no-prompt-reuse"] if args.no_prompt_reuse else []
+    out += ["--prompt-store-dir", args.prompt_store_dir] if args.prompt_store_dir else []
     out += ["--engine", args.engine] if args.engine else []
     out += ["--require-token"] if args.require_token else []
     for h in args.allow_host:
@@ -366,6 +372,11 @@ def cmd_daemon_status(args: argparse.Namespace) -> int:
     print(f"bostudio daemon {status['version']} running at {rec.url} (pid {rec.pid}, up {status['uptime_s']:.0f} s)")
     print(f"  OpenAI base URL : {rec.url}/v1")
     print(f"  memory budget   : {status['memory_budget_bytes'] >> 20} MiB; idle unload after {status['idle_ttl_s']:.0f} s")
+    print(f"  also speaks     : Anthropic ({rec.url}/v1/messages), Ollama ({rec.url}/api), llama.cpp routes")
+    store = status.get("prompt_store")
+    if store:
+        print(f"  saved prompts   : {len(store['entries'])} model state(s), {store['bytes'] >> 20} of "
+              f"{store['cap_bytes'] >> 20} MiB in {store['dir']}")
     for name, st in sorted(status["instances"].items()):
         print(f"  {name}: {st}")
     return 0
@@ -412,15 +423,31 @@ def cmd_ps(args: argparse.Namespace) -> int:
         print("no models loaded (the daemon loads one on the first request that names it)")
         return 0
     print(f"{'MODEL':32} {'STATE':10} {'PID':>7} {'PORT':>6} {'SPECULATION':14} {'TOK/S':>6} {'ACCEPT':>6} "
-          f"{'MEAN LEN':>8} {'REQS':>5}")
+          f"{'MEAN LEN':>8} {'REQS':>5} {'PROMPTS':>16}")
     for r in rows:
         st = r["stats"]
         rate = st.get("acceptance_rate")
         print(f"{r['model'][:32]:32} {r['state']:10} {_fmt(r['pid']):>7} {_fmt(r['port']):>6} "
               f"{_fmt(r['speculation'])[:14]:14} {_fmt(st.get('decode_tok_s_avg'), '.1f'):>6} "
               f"{'-' if rate is None else format(100 * rate, '.0f') + '%':>6} "
-              f"{_fmt(st.get('mean_accepted_length'), '.2f'):>8} {st['requests']:>5}")
+              f"{_fmt(st.get('mean_accepted_length'), '.2f'):>8} {st['requests']:>5} {_prompts(r.get('prompts')):>16}")
+        retry = r.get("retry")
+        if retry:
+            when = "" if retry.get("in_s") is None else f" (in {retry['in_s']:.0f} s)"
+            print(f"  failed: {r['error']['message'] if r.get('error') else 'unknown'}; retried {retry['how']}{when}")
     return 0
+
+
+def _prompts(p: dict | None) -> str:
+    """Saved prompt states of an instance: restored at its last load / saved at its last stop."""
+    if not p:
+        return "-"
+    parts = []
+    if p.get("restored_slots"):
+        parts.append(f"{p['restored_tokens']}t restored")
+    if p.get("saved_slots"):
+        parts.append(f"{p['saved_tokens']}t saved")
+    return ", ".join(parts) or "none saved"
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -553,6 +580,19 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--stall-timeout", type=float, default=120, metavar="S",
                         help="kill a loading llama-server silent for S seconds (default 120); one that prints "
                              "progress is never killed for slowness")
+    common.add_argument("--stream-idle-timeout", type=float, default=300, metavar="S",
+                        help="end a response whose body stalls for S seconds mid-stream with an error "
+                             "(default 300; 0: never)")
+    common.add_argument("--failed-cooldown", type=float, default=60, metavar="S",
+                        help="retry a failed model on the next request after S seconds (default 60; 0: only "
+                             "on an explicit restart); `bostudio ps` says when")
+    common.add_argument("--no-prompt-reuse", action="store_true",
+                        help="no prompt reuse across reloads: no slot save/restore, llama-server's own "
+                             "--cache-ram default (by default it is sized by the plan)")
+    common.add_argument("--prompt-store-dir", default=None, metavar="DIR",
+                        help="where saved prompt states live (default: XDG cache dir/bostudio/prompt-cache)")
+    common.add_argument("--prompt-store-mib", type=float, default=4096, metavar="MIB",
+                        help="disk cap of saved prompt states, least recently used evicted (default 4096)")
     common.add_argument("--require-token", action="store_true",
                         help="require the token even on loopback (always required on other addresses)")
     common.add_argument("--allow-host", action="append", default=[], metavar="NAME",

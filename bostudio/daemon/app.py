@@ -14,8 +14,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
-import httpx
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field
@@ -24,21 +22,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from bostudio import __version__
 from bostudio.daemon.events import EventBus
-from bostudio.daemon.guard import check_request
+from bostudio.daemon.ollama import register as register_ollama
+from bostudio.daemon.router import SSE_HEADERS, Router, api_error, error_response, sse
 from bostudio.daemon.security import SecurityMiddleware
-from bostudio.daemon.stats import timings_from_body, timings_from_sse
 from bostudio.daemon.supervisor import READY, Instance, Supervisor, SupervisorOptions
-from bostudio.errors import BostudioError, ConfigError, ModelError, RequestError, ServerError
-from bostudio.runtime import passthrough
+from bostudio.errors import BostudioError, ModelError
 from bostudio.runtime.process import tail
 
 log = logging.getLogger("bostudio.daemon")
-
-# Hop-by-hop and length headers are the proxy's own business.
-_DROP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date",
-                 "access-control-allow-origin", "access-control-allow-credentials", "access-control-allow-methods",
-                 "access-control-allow-headers"}
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @dataclass(frozen=True)
@@ -50,30 +41,27 @@ class DaemonInfo:
 
 
 def openai_error(status: int, message: str, type_: str, hint: str = "", code: str | None = None) -> JSONResponse:
-    err: dict[str, Any] = {"message": message, "type": type_, "param": None, "code": code or status}
-    if hint:
-        err["hint"] = hint
-    return JSONResponse({"error": err}, status_code=status)
+    return api_error("openai", status, message, type_, hint, code)
 
 
-def error_response(exc: BaseException) -> JSONResponse:
-    """Every error leaves the daemon as OpenAI-shaped JSON."""
-    if isinstance(exc, (RequestError, ConfigError)):
-        return openai_error(400, exc.message, "invalid_request_error", exc.hint)
-    if isinstance(exc, ModelError):
-        return openai_error(404, exc.message, "not_found_error", exc.hint, "model_not_found")
-    if isinstance(exc, ServerError):
-        return openai_error(503, exc.message, "unavailable_error", exc.hint)
-    if isinstance(exc, BostudioError):
-        return openai_error(500, exc.message, "server_error", exc.hint)
-    if isinstance(exc, asyncio.TimeoutError):
-        return openai_error(503, "the model did not load in time", "unavailable_error")
-    return openai_error(500, f"internal error: {exc!r}", "server_error", "see the daemon log")
-
-
-def sse(data: object, event: str | None = None) -> bytes:
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {json.dumps(data, default=str)}\n\n".encode()
+# Every llama-server API the router passes through, routed by the body's `model`:
+# (path, error shape, OpenAPI tag, summary). Streams pass unbuffered; a model that cannot serve a
+# route is refused with 400 before launch (bostudio/daemon/capabilities.py).
+PASSTHROUGH_ROUTES = (
+    ("/v1/chat/completions", "openai", "openai", "Chat completion"),
+    ("/v1/completions", "openai", "openai", "Text completion"),
+    ("/v1/chat/completions/input_tokens", "openai", "openai", "Count a chat request's prompt tokens"),
+    ("/v1/responses", "openai", "openai", "OpenAI Responses API"),
+    ("/v1/responses/input_tokens", "openai", "openai", "Count a Responses request's input tokens"),
+    ("/v1/embeddings", "openai", "openai", "Embeddings (embedding models only)"),
+    ("/v1/rerank", "openai", "llama.cpp", "Rerank documents against a query (rerank models only)"),
+    ("/v1/messages", "anthropic", "anthropic", "Anthropic Messages API"),
+    ("/v1/messages/count_tokens", "anthropic", "anthropic", "Anthropic token counting"),
+    ("/infill", "openai", "llama.cpp", "Fill-in-the-middle code completion (models with FIM tokens)"),
+    ("/tokenize", "openai", "llama.cpp", "Text to tokens"),
+    ("/detokenize", "openai", "llama.cpp", "Tokens to text"),
+    ("/apply-template", "openai", "llama.cpp", "Render the chat template (in llama-server, sandboxed)"),
+)
 
 
 # ---------------------------------------------------------------- request bodies (OpenAPI)
@@ -125,94 +113,21 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return openai_error(exc.status_code, str(exc.detail), kind)
 
-    # ------------------------------------------------------------ OpenAI-compatible router
+    # ------------------------------------------------------------ the model router (every API)
 
-    async def route(request: Request, path: str) -> Response:
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            return openai_error(400, "the request body is not JSON", "invalid_request_error")
-        try:
-            name = check_request(body)
-        except BostudioError as exc:
-            return error_response(exc)
-        streaming = body.get("stream") is True
-        for attempt in (1, 2):
-            try:
-                inst = await sup.get_ready(name)
-            except (BostudioError, asyncio.TimeoutError) as exc:
-                return error_response(exc)
-            inst.active += 1
-            inst.stats.requests += 1
-            try:
-                if inst.http is None or inst.port is None:
-                    raise httpx.ConnectError("instance is not ready")
-                upstream = await passthrough.post("127.0.0.1", inst.port, path, raw, inst.api_key)
-                return forward(inst, upstream, streaming)
-            except httpx.HTTPError as exc:
-                inst.active -= 1
-                inst.stats.errors += 1
-                log.warning("%s: upstream %s failed (attempt %d): %r", inst.name, path, attempt, exc)
-                # Not connected means not sent: if the child just died, wait for the reload and retry once.
-                if attempt == 1 and isinstance(exc, httpx.ConnectError) and await sup.confirm_exited(inst):
-                    continue
-                return openai_error(502, f"llama-server for {inst.name} failed: {exc!r}", "server_error",
-                                    "the model is restarted automatically; send the request again")
-        raise AssertionError("unreachable")
+    router = Router(sup, options.stream_idle_timeout)
+    app.state.router = router
 
-    def forward(inst: Instance, upstream: passthrough.UpstreamResponse, streaming: bool) -> Response:
-        async def relay() -> AsyncIterator[bytes]:
-            body = bytearray()
-            try:
-                async for chunk in upstream.aiter_raw():
-                    yield chunk
-                    if streaming:
-                        t = timings_from_sse(chunk)
-                        if t is not None:
-                            inst.stats.add_timings(t)
-                    elif len(body) < (4 << 20):
-                        body += chunk
-                if not streaming and upstream.status_code == 200:
-                    t = timings_from_body(bytes(body))
-                    if t is not None:
-                        inst.stats.add_timings(t)
-            except httpx.HTTPError as exc:
-                # The child died mid-response: tell a streaming client at once, in-band.
-                inst.stats.errors += 1
-                if streaming:
-                    yield sse({"error": {"message": f"llama-server for {inst.name} failed mid-stream: {exc!r}",
-                                         "type": "server_error", "code": 502}})
-                    yield b"data: [DONE]\n\n"
-                else:
-                    raise
-            finally:
-                # A client that disconnects cancels this generator: closing the upstream response
-                # closes its connection, and llama-server cancels the generation. The close is
-                # shielded: inside a cancelled anyio scope every unshielded await is cancelled too.
-                with anyio.CancelScope(shield=True):
-                    await upstream.aclose()
-                inst.active -= 1
-                inst.last_used = time.monotonic()
+    def passthrough_route(path: str, api: str, tag: str, summary: str) -> None:
+        async def handler(request: Request) -> Response:
+            return await router.forward(request, path, api)
 
-        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_HEADERS}
-        if streaming:
-            headers.update(SSE_HEADERS)
-        return StreamingResponse(relay(), status_code=upstream.status_code, headers=headers,
-                                 media_type=upstream.headers.get("content-type"))
+        handler.__name__ = "route_" + path.strip("/").replace("/", "_").replace("-", "_")
+        app.post(path, tags=[tag], summary=summary)(handler)
 
-    @app.post("/v1/chat/completions", tags=["openai"], summary="Chat completion (routed by `model`)")
-    async def chat_completions(request: Request) -> Response:
-        return await route(request, "/v1/chat/completions")
-
-    @app.post("/v1/completions", tags=["openai"], summary="Text completion (routed by `model`)")
-    async def completions(request: Request) -> Response:
-        return await route(request, "/v1/completions")
-
-    @app.post("/v1/embeddings", tags=["openai"],
-              summary="Embeddings (routed by `model`; llama-server answers 501 unless started with --embeddings)")
-    async def embeddings(request: Request) -> Response:
-        return await route(request, "/v1/embeddings")
+    for path, api, tag, summary in PASSTHROUGH_ROUTES:
+        passthrough_route(path, api, tag, summary)
+    register_ollama(app, sup, router)
 
     def model_entry(name: str, path) -> dict:
         inst = sup.instances.get(name)
@@ -241,6 +156,7 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         return {"version": __version__, "pid": os.getpid(), "host": info.host, "port": info.port,
                 "require_token": info.require_token, "uptime_s": time.time() - info.started,
                 "memory_budget_bytes": sup.budget(), "idle_ttl_s": options.idle_ttl,
+                "prompt_store": sup.slot_store.usage() if sup.slot_store else None,
                 "instances": {n: i.state for n, i in sup.instances.items()}}
 
     @app.get("/bostudio/devices", tags=["control"], summary="Devices the engine sees (plus host memory)")
@@ -282,17 +198,20 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         return await asyncio.to_thread(plan_for, model)
 
     def plan_for(model: str) -> dict:
-        from bostudio.daemon.supervisor import plan_child
-        from bostudio.engine.argv import LaunchSpec, build_argv
+        from bostudio.daemon.capabilities import model_caps
+        from bostudio.daemon.supervisor import child_argv, plan_child
         from bostudio.gguf import describe
 
         cfg = sup.config_for(model)
         eng = sup.engine
-        planned = plan_child(describe(cfg.path), cfg.spec, eng, cfg.ctx)
+        caps = model_caps(cfg.path)
+        planned = plan_child(describe(cfg.path), cfg.spec, eng, cfg.ctx, sup.slot_store is not None, caps)
         sp = planned.chosen.speculator
-        argv = build_argv(eng.path, eng.flags, LaunchSpec(cfg.path, cfg.name, 0, ctx=cfg.ctx, speculator=sp))
-        return {"model": cfg.name, "ctx": cfg.ctx, "spec_mode": cfg.spec, "speculation": sp.label,
-                "reason": sp.reason, "bytes": planned.chosen.total, "why": planned.why,
+        argv = child_argv(eng, cfg, planned, caps, 0, sup.slot_store.root if sup.slot_store else None)
+        return {"model": cfg.name, "kind": caps.kind, "ctx": cfg.ctx, "spec_mode": cfg.spec,
+                "speculation": sp.label, "reason": sp.reason, "bytes": planned.chosen.total, "why": planned.why,
+                "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes}
+                         for u in planned.chosen.uses],
                 "budget_bytes": sup.budget(), "argv": argv}
 
     @app.get("/bostudio/pairings/{model}", tags=["control"],

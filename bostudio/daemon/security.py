@@ -101,8 +101,15 @@ def origin_allowed(origin: str, hosts: frozenset[str]) -> bool:
     return host_name(origin.split("://", 1)[1].split("/", 1)[0]) in hosts
 
 
-def _deny(status: int, message: str, type_: str) -> tuple[int, bytes]:
-    return status, json.dumps({"error": {"message": message, "type": type_, "code": status}}).encode()
+def _deny(status: int, message: str, type_: str, path: str = "") -> tuple[int, bytes]:
+    """A refusal in the shape of the API the path belongs to (Anthropic, Ollama, else OpenAI)."""
+    if path.startswith("/v1/messages"):
+        body: dict = {"type": "error", "error": {"type": type_, "message": message}}
+    elif path.startswith("/api/"):
+        body = {"error": message}
+    else:
+        body = {"error": {"message": message, "type": type_, "code": status}}
+    return status, json.dumps(body).encode()
 
 
 class SecurityMiddleware:
@@ -114,25 +121,28 @@ class SecurityMiddleware:
         self.token = token
         self.require_token = require_token
 
-    def check(self, headers: dict[bytes, bytes]) -> tuple[int, bytes] | None:
+    def check(self, headers: dict[bytes, bytes], path: str = "") -> tuple[int, bytes] | None:
         host = headers.get(b"host", b"").decode("latin-1")
         if host_name(host) not in self.hosts:
-            return _deny(403, f"Host {host!r} is not allowed (DNS rebinding protection)", "permission_error")
+            return _deny(403, f"Host {host!r} is not allowed (DNS rebinding protection)", "permission_error", path)
         origin = headers.get(b"origin")
         if origin is not None and not origin_allowed(origin.decode("latin-1"), self.hosts):
-            return _deny(403, "cross-origin requests are not allowed", "permission_error")
+            return _deny(403, "cross-origin requests are not allowed", "permission_error", path)
         if self.require_token:
             assert self.token is not None
             auth = headers.get(b"authorization", b"").decode("latin-1")
             given = auth[7:].strip() if auth.lower().startswith("bearer ") else None
+            if given is None and b"x-api-key" in headers:
+                # Anthropic clients send their key as x-api-key: the same token, another header.
+                given = headers[b"x-api-key"].decode("latin-1").strip()
             if not token_matches(given, self.token):
-                return _deny(401, "missing or wrong token (send Authorization: Bearer TOKEN)",
-                             "authentication_error")
+                return _deny(401, "missing or wrong token (send Authorization: Bearer TOKEN, or x-api-key: TOKEN)",
+                             "authentication_error", path)
         return None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
-            denied = self.check(dict(scope["headers"]))
+            denied = self.check(dict(scope["headers"]), scope.get("path", ""))
             if denied is not None:
                 status, body = denied
                 await send({"type": "http.response.start", "status": status,

@@ -22,6 +22,8 @@ import httpx
 from bostudio import paths
 from bostudio.catalog.resolve import model_name, resolve_model
 from bostudio.daemon import policy
+from bostudio.daemon.capabilities import ModelCaps, model_caps
+from bostudio.daemon.slots import SlotStore, StateKey, restore_slots, save_slots, state_key
 from bostudio.daemon.events import EventBus
 from bostudio.daemon.state import ChildRecord, instance_log_path
 from bostudio.daemon.stats import InstanceStats, parse_metrics
@@ -32,6 +34,7 @@ from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware import discover_devices
 from bostudio.pairing.pair import choose
 from bostudio.planner import Plan, plan_for_launch
+from bostudio.planner.fit import PROMPT_CACHE
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import (CrashHistory, LoadWatch, ServerProcess, classify_failure, listening_pid_ok,
                                       log_size, tail)
@@ -57,6 +60,11 @@ class SupervisorOptions:
     probe_tokens: int = 16
     ctx: int = 4096
     spec: str = "auto"
+    stream_idle_timeout: float = 300.0  # a response body silent this long mid-stream ends with an error
+    failed_cooldown: float = 60.0  # a failed model is retried on the next request after this (0: never)
+    prompt_reuse: bool = True  # sized --cache-ram, slots saved before a stop and restored on load
+    prompt_store_dir: str | None = None  # default: XDG cache dir/prompt-cache
+    prompt_store_bytes: int = 4 << 30  # disk cap of saved slot states (LRU)
 
 
 @dataclass
@@ -70,16 +78,33 @@ class ModelConfig:
     port: int | None = None  # pinned child port (else a free one per launch)
 
 
-def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int) -> Plan:
+def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, prompt_reuse: bool = False,
+               caps: ModelCaps | None = None) -> Plan:
     """The speculator (pairing table, auto-detection and compatibility check, as for `bostudio up`) and
     the planner's view of the child as the daemon runs it (llama-server's defaults: 4 slots sharing one
-    f16 KV pool): `chosen.total` decides what gets evicted. Raises PlanError if it cannot fit."""
+    f16 KV pool; with prompt reuse a host prompt cache and full SWA caches): `chosen.total` decides
+    what gets evicted. Embedding and rerank models generate nothing, so they get no speculator.
+    Raises PlanError if it cannot fit."""
     devices = discover_devices(engine_devices=engine.devices).devices
-    request = parse_spec("auto" if spec_mode == "on" else spec_mode)
+    generates = caps is None or caps.kind == "chat"
+    request = parse_spec(("auto" if spec_mode == "on" else spec_mode) if generates else "off")
     speculator = choose(info, request, engine, ctx, devices=devices)[0].speculator
     draft = describe(speculator.draft) if speculator.draft else None
     return plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft,
-                           speculation="off" if speculator.kind == "none" else "on")
+                           speculation="off" if speculator.kind == "none" else "on",
+                           prompt_cache=prompt_reuse and generates)
+
+
+def child_argv(engine: Engine, cfg: "ModelConfig", planned: Plan, caps: ModelCaps, port: int,
+               slot_dir: Path | None) -> list[str]:
+    """The child's llama-server argv: the plan's speculator, the flags its kind needs (embeddings,
+    reranking), and with prompt reuse the planned --cache-ram, --swa-full and --slot-save-path."""
+    extra = list(caps.launch_args()) + planned.prompt_cache_args()
+    if slot_dir is not None and planned.intent.prompt_cache:
+        extra += ["--slot-save-path", str(slot_dir)]
+    spec = LaunchSpec(model=cfg.path, alias=cfg.name, port=port, host="127.0.0.1", ctx=cfg.ctx,
+                      speculator=planned.chosen.speculator, extra_args=tuple(extra))
+    return build_argv(engine.path, engine.flags, spec)
 
 
 def free_loopback_port() -> int:
@@ -113,6 +138,10 @@ class Instance:
     task: asyncio.Task | None = None
     stopping: bool = False
     scraped_requests: int = 0
+    cfg_cooldown: float = 0.0
+    failed_at: float | None = None  # wall time the model was marked failed
+    state_key: StateKey | None = None  # what this child's saved slot states are valid for
+    prompts: dict = field(default_factory=dict)  # restored/saved slot states, for ps
 
     @property
     def name(self) -> str:
@@ -135,7 +164,20 @@ class Instance:
             "uptime_s": time.monotonic() - self.ready_since if self.ready_since and self.state == READY else None,
             "idle_s": time.monotonic() - self.last_used, "active_requests": self.active,
             "stats": self.stats.to_json(), "log": str(self.log_path),
+            "retry": self.retry_json(), "prompts": self.prompts,
         }
+
+    def retry_json(self) -> dict | None:
+        """When a failed model is tried again: on the next request after the cool-down, or now on an
+        explicit restart."""
+        if self.state != FAILED or self.failed_at is None:
+            return None
+        cooldown = self.cfg_cooldown
+        if cooldown <= 0:
+            return {"how": "explicit restart only (bostudio restart MODEL)", "at": None, "in_s": None}
+        at = self.failed_at + cooldown
+        return {"how": "on the next request after the cool-down, or at once with an explicit restart",
+                "at": at, "in_s": max(0.0, at - time.time())}
 
 
 class Supervisor:
@@ -148,6 +190,8 @@ class Supervisor:
         self.configs: dict[str, ModelConfig] = {}
         self._engine: Engine | None = None
         self._background: list[asyncio.Task] = []
+        store_dir = Path(options.prompt_store_dir) if options.prompt_store_dir else paths.cache_dir() / "prompt-cache"
+        self.slot_store = SlotStore(store_dir, options.prompt_store_bytes) if options.prompt_reuse else None
 
     # ------------------------------------------------------------------ catalog and engine
 
@@ -215,14 +259,23 @@ class Supervisor:
             return inst
         if inst is None or inst.state in (STOPPED, STOPPING):  # a stop in progress finishes first
             inst = await self.start(self.config_for(name))
+        elif inst.state == FAILED and self._cooled_down(inst):
+            log.info("%s: retrying after the failure cool-down", name)
+            inst = self.launch(inst.cfg)
         elif inst.state == FAILED:
             raise ServerError(f"model {name} failed: {inst.error['message'] if inst.error else 'unknown'}",
                               f"see GET /bostudio/instances/{name}/log; restart it with POST "
-                              f"/bostudio/instances/{name}/restart")
+                              f"/bostudio/instances/{name}/restart"
+                              + (f" (retried automatically in {inst.retry_json()['in_s']:.0f} s)"
+                                 if self.opts.failed_cooldown > 0 else ""))
         assert inst.ready is not None
         await asyncio.wait_for(asyncio.shield(inst.ready), self.opts.load_timeout)
         inst.last_used = time.monotonic()
         return inst
+
+    def _cooled_down(self, inst: Instance) -> bool:
+        return (self.opts.failed_cooldown > 0 and inst.failed_at is not None
+                and time.time() - inst.failed_at >= self.opts.failed_cooldown)
 
     async def confirm_exited(self, inst: Instance, wait: float = 2.0) -> bool:
         """True if `inst`'s server has exited; then waits until the supervisor has noticed, so that
@@ -252,6 +305,7 @@ class Supervisor:
             self.instances[cfg.name] = inst
         inst.stopping = False
         inst.error = None
+        inst.failed_at = None
         inst.crashes.reset()
         inst.ready = asyncio.get_running_loop().create_future()
         inst.ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "never retrieved"
@@ -265,8 +319,11 @@ class Supervisor:
             raise ModelError(f"model {name!r} is not running", "GET /bostudio/instances lists what runs")
         inst.stopping = True
         failed = inst.state == FAILED
+        was_ready = inst.state == READY
         if inst.state in RESIDENT_STATES:
             self._set_state(inst, STOPPING, reason=reason)
+        if was_ready:
+            await self._save_prompts(inst, reason)
         if inst.task is not None and not inst.task.done():
             inst.task.cancel()
             try:
@@ -331,6 +388,8 @@ class Supervisor:
     def _fail(self, inst: Instance, exc: BostudioError) -> None:
         inst.error = {"message": exc.message, "hint": exc.hint, "type": type(exc).__name__,
                       "log_tail": tail(inst.log_path, 20), "plan": inst.plan}
+        inst.failed_at = time.time()
+        inst.cfg_cooldown = self.opts.failed_cooldown
         self._set_state(inst, FAILED, error=inst.error)
         self._resolve(inst, exc)
 
@@ -400,11 +459,18 @@ class Supervisor:
         # Probing the engine and reading a large GGUF header take a while: not on the event loop.
         engine = await asyncio.to_thread(lambda: self.engine)
         info = await asyncio.to_thread(describe, cfg.path)
-        planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx)
+        caps = await asyncio.to_thread(model_caps, cfg.path)
+        planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx, self.slot_store is not None,
+                                          caps)
         speculator = planned.chosen.speculator
         need = planned.chosen.total
         inst.speculator = speculator
-        inst.plan = {"bytes": need, "weights_bytes": info.file_size, "ctx": cfg.ctx,
+        reuse = self.slot_store is not None and planned.intent.prompt_cache
+        inst.state_key = (await asyncio.to_thread(state_key, cfg.path, engine.commit, cfg.ctx,
+                                                  planned.intent.cache_type_k, "auto", planned.intent.swa_full)
+                          if reuse else None)
+        inst.plan = {"bytes": need, "weights_bytes": info.file_size, "ctx": cfg.ctx, "kind": caps.kind,
+                     "prompt_cache_bytes": planned.chosen.component_bytes(PROMPT_CACHE),
                      "budget_bytes": self.budget(), "why": planned.why,
                      "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes}
                               for u in planned.chosen.uses],
@@ -414,9 +480,8 @@ class Supervisor:
 
         inst.port = cfg.port or free_loopback_port()
         inst.api_key = secrets.token_urlsafe(32)
-        spec = LaunchSpec(model=cfg.path, alias=cfg.name, port=inst.port, host="127.0.0.1", ctx=cfg.ctx,
-                          speculator=speculator)
-        argv = build_argv(engine.path, engine.flags, spec)
+        argv = child_argv(engine, cfg, planned, caps, inst.port,
+                          self.slot_store.ensure() if reuse and self.slot_store is not None else None)
         # The key goes through the environment, not argv (which every local user can read).
         env = {**os.environ, "LLAMA_API_KEY": inst.api_key}
         inst.proc = ServerProcess(argv, inst.port, inst.log_path, api_key=inst.api_key, env=env)
@@ -430,11 +495,45 @@ class Supervisor:
         # For /metrics; proxied requests take the passthrough path (bostudio/runtime/passthrough.py).
         inst.http = httpx.AsyncClient(base_url=inst.proc.base_url, timeout=UPSTREAM_TIMEOUT, trust_env=False,
                                       headers={"Authorization": f"Bearer {inst.api_key}"})
-        status = await asyncio.to_thread(self._probe, inst)
-        inst.spec_status = asdict(status)
+        if caps.kind == "chat":  # embedding and rerank models generate nothing to probe
+            status = await asyncio.to_thread(self._probe, inst)
+            inst.spec_status = asdict(status)
+        else:
+            inst.spec_status = None
+        await self._restore_prompts(inst)
         inst.ready_since = time.monotonic()
         inst.last_used = time.monotonic()
         self._set_state(inst, READY)
+
+    async def _save_prompts(self, inst: Instance, reason: str) -> None:
+        """Save the slots of a child about to stop (stop, idle, eviction, relaunch, shutdown)."""
+        if self.slot_store is None or inst.state_key is None or inst.http is None:
+            return
+        proc = inst.proc
+        if proc is None or not proc.alive():
+            return
+        started = time.monotonic()
+        saved = await save_slots(inst.http, self.slot_store, inst.state_key)
+        if saved:
+            inst.prompts = {**inst.prompts, "saved_slots": len(saved),
+                            "saved_tokens": sum(v["tokens"] for v in saved.values()),
+                            "saved_s": round(time.monotonic() - started, 3), "saved_on": reason}
+            self.bus.publish("prompts", model=inst.name, action="saved", slots=saved)
+            log.info("%s: saved %d slot(s) before %s", inst.name, len(saved), reason)
+
+    async def _restore_prompts(self, inst: Instance) -> None:
+        """Restore the slot states saved for exactly this child's identity, before it is ready."""
+        if self.slot_store is None or inst.state_key is None or inst.http is None:
+            inst.prompts = {}
+            return
+        started = time.monotonic()
+        restored = await restore_slots(inst.http, self.slot_store, inst.state_key)
+        inst.prompts = {"key": inst.state_key.digest, "restored_slots": len(restored),
+                        "restored_tokens": sum(restored.values()),
+                        "restored_s": round(time.monotonic() - started, 3)}
+        if restored:
+            self.bus.publish("prompts", model=inst.name, action="restored", slots=restored)
+            log.info("%s: restored %d slot(s), %d tokens", inst.name, len(restored), sum(restored.values()))
 
     def _probe(self, inst: Instance):
         assert inst.proc is not None and inst.speculator is not None

@@ -92,10 +92,23 @@ class Intent:
     flash_attn: bool = True
     reserve: int = 1 * GIB  # like llama.cpp's --fit-target 1024 MiB
     max_ctx: int | None = None  # an upper bound for the search (None: the training context)
+    # Prompt reuse (the daemon): a host prompt cache (--cache-ram) as large as one copy of the KV
+    # pool, and full-size sliding-window caches (--swa-full) so a saved slot can be reused.
+    prompt_cache: bool = False
+    swa_full: bool = False
 
     def __post_init__(self) -> None:
         if self.speculation not in ("auto", "on", "off"):
             raise PlanError(f"speculation must be auto, on or off, not {self.speculation!r}")
+
+
+PROMPT_CACHE = "prompt cache (--cache-ram)"
+
+
+def prompt_cache_bytes(state_bytes: int) -> int:
+    """--cache-ram for a server whose KV pool and recurrent state take `state_bytes`: room for one
+    copy of every slot's state (idle slots are moved there), whole MiB, at least 16 MiB."""
+    return max(16 * MIB, -(-state_bytes // MIB) * MIB)
 
 
 @dataclass(frozen=True)
@@ -170,6 +183,16 @@ class Plan:
             args += ["-ngld", str(o.n_gpu_layers_draft)]
         if _plan_kind(o.speculator) in ("draft", "mtp"):
             args += ["-ctkd", i.draft_cache_type_k, "-ctvd", i.draft_cache_type_v]
+        return args + self.prompt_cache_args()
+
+    def prompt_cache_args(self) -> list[str]:
+        """--cache-ram sized by the plan (llama-server's default is 8192 MiB, counted nowhere), and
+        --swa-full when planned; none when the plan has no prompt cache."""
+        args = []
+        cram = self.chosen.component_bytes(PROMPT_CACHE)
+        args += ["-cram", str(cram // MIB)] if self.intent.prompt_cache else []
+        if self.intent.swa_full and self.model.sliding_window:
+            args.append("--swa-full")
         return args
 
 
@@ -185,7 +208,7 @@ def _settings(intent: Intent, spec: _Spec, n_ctx: int) -> ContextSettings:
         n_ctx=n_ctx, n_parallel=intent.n_parallel, kv_unified=True, n_batch=intent.n_batch,
         n_ubatch=intent.n_ubatch, cache_type_k=intent.cache_type_k, cache_type_v=intent.cache_type_v,
         flash_attn=intent.flash_attn, n_rs_seq=spec.n_max if spec.kind == "mtp" else 0,
-        n_outputs_max=n_outputs)
+        n_outputs_max=n_outputs, swa_full=intent.swa_full)
 
 
 def _spread(total: int, gpus: list[Device], component: str) -> list[Use]:
@@ -235,6 +258,8 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
         on_gpu = int(total * frac)
         uses += _spread(on_gpu, gpus, comp)
         uses.append(Use(host, comp, total - on_gpu))
+    if intent.prompt_cache:
+        uses.append(Use(host, PROMPT_CACHE, prompt_cache_bytes(kv.total + rs)))
     compute = compute_buffer_bytes(model, s)
     host_compute = min(s.n_ubatch, s.n_ctx) * model.n_embd * 4 * 2  # input embeddings staged on the host
     if n_gpu_layers and gpus:
@@ -450,13 +475,14 @@ def plan(model: "ModelInfo", devices: Iterable[Device], intent: Intent = Intent(
 def plan_for_launch(model: "ModelInfo", devices: Iterable[Device], *, ctx: int | None = None,
                     speculator: Speculator = NO_SPEC, draft: "ModelInfo | None" = None,
                     speculation: str = "auto", cache_type: str = "f16", draft_cache_type: str = "f16",
-                    n_parallel: int = 4, reserve: int = 1 * GIB) -> Plan:
+                    n_parallel: int = 4, reserve: int = 1 * GIB, prompt_cache: bool = False) -> Plan:
     """The launcher's entry point: plan one model (+ speculator) for these devices. Launch
     `plan.chosen.speculator` with `plan.llama_args()` appended to the argv (LaunchSpec.extra_args,
-    ctx = plan.chosen.n_ctx). Raises PlanError when nothing fits."""
+    ctx = plan.chosen.n_ctx). `prompt_cache`: plan prompt reuse (a sized --cache-ram, --swa-full).
+    Raises PlanError when nothing fits."""
     intent = Intent(ctx=ctx, speculation=speculation, cache_type_k=cache_type, cache_type_v=cache_type,
                     draft_cache_type_k=draft_cache_type, draft_cache_type_v=draft_cache_type,
-                    n_parallel=n_parallel, reserve=reserve)
+                    n_parallel=n_parallel, reserve=reserve, prompt_cache=prompt_cache, swa_full=prompt_cache)
     p = plan(model, devices, intent, speculator, draft)
     if not p.chosen.fits:
         raise PlanError(f"{model.path.name} does not fit on these devices: {p.chosen.reason}",
@@ -464,5 +490,5 @@ def plan_for_launch(model: "ModelInfo", devices: Iterable[Device], *, ctx: int |
     return p
 
 
-__all__ = ["Intent", "Use", "PlanOption", "Plan", "plan", "plan_for_launch", "fit_option", "largest_ctx",
+__all__ = ["PROMPT_CACHE", "prompt_cache_bytes", "Intent", "Use", "PlanOption", "Plan", "plan", "plan_for_launch", "fit_option", "largest_ctx",
            "memory_uses", "spec_label", "default_fallback", "NO_SPEC", "NGRAM_SPEC", "MTP_SPEC", "MIB", "GIB"]
