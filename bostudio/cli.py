@@ -306,7 +306,8 @@ def _daemon_options(args: argparse.Namespace):
                             idle_ttl=args.idle_ttl, stall_timeout=args.stall_timeout,
                             stream_idle_timeout=args.stream_idle_timeout, failed_cooldown=args.failed_cooldown,
                             prompt_reuse=not args.no_prompt_reuse, prompt_store_dir=args.prompt_store_dir,
-                            prompt_store_bytes=int(args.prompt_store_mib * (1 << 20)))
+                            prompt_store_bytes=int(args.prompt_store_mib * (1 << 20)),
+                            max_body=int(args.max_body_mib * (1 << 20)))
     return DaemonOptions(host=args.host, port=args.port, require_token=args.require_token,
                          allow_hosts=tuple(args.allow_host), supervisor=sup)
 
@@ -315,7 +316,8 @@ def _daemon_args(args: argparse.Namespace) -> list[str]:
     """The daemon options of this command line, to pass to a background daemon."""
     out = ["--memory-budget", str(args.memory_budget), "--idle-ttl", str(args.idle_ttl),
            "--stall-timeout", str(args.stall_timeout), "--stream-idle-timeout", str(args.stream_idle_timeout),
-           "--failed-cooldown", str(args.failed_cooldown), "--prompt-store-mib", str(args.prompt_store_mib)]
+           "--failed-cooldown", str(args.failed_cooldown), "--prompt-store-mib", str(args.prompt_store_mib),
+           "--max-body-mib", str(args.max_body_mib)]
     out += ["--no-prompt-reuse"] if args.no_prompt_reuse else []
     out += ["--prompt-store-dir", args.prompt_store_dir] if args.prompt_store_dir else []
     out += ["--engine", args.engine] if args.engine else []
@@ -586,6 +588,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--failed-cooldown", type=float, default=60, metavar="S",
                         help="retry a failed model on the next request after S seconds (default 60; 0: only "
                              "on an explicit restart); `bostudio ps` says when")
+    common.add_argument("--max-body-mib", type=float, default=64, metavar="MIB",
+                        help="refuse request bodies larger than this with 413 (default 64)")
     common.add_argument("--no-prompt-reuse", action="store_true",
                         help="no prompt reuse across reloads: no slot save/restore, llama-server's own "
                              "--cache-ram default (by default it is sized by the plan)")

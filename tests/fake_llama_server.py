@@ -5,6 +5,7 @@ same endpoints and log lines, and a behaviour chosen by the model file's name:
     *oom*       prints llama.cpp's allocation failure and exits 1
     *silent*    binds, answers 503 and prints nothing more (a stalled loader)
     *progress*  prints a progress line every 0.2 s for PROGRESS_S seconds, then serves
+    *stall*     serves, but a streamed response stops after its first chunk (a wedged child)
     anything    loads in 0.3 s, then serves /health, /slots, /metrics, /completion and /v1/*
 
 `--decoy PORT` runs a decoy instead: it answers 200 to everything on PORT and appends each
@@ -38,6 +39,7 @@ def arg(argv: list[str], name: str, default: str | None = None) -> str | None:
 
 class State:
     ready = False
+    model = ""
     key = os.environ.get("LLAMA_API_KEY")
 
 
@@ -95,6 +97,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             for i in range(int(body.get("max_tokens", 4))):
+                if i == 1 and "stall" in State.model:
+                    time.sleep(3600)
                 self.chunk(f'data: {json.dumps({"choices": [{"index": 0, "text": f"t{i}"}]})}\n\n')
                 time.sleep(0.05)
             self.chunk(f'data: {json.dumps({"choices": [], "timings": timings})}\n\ndata: [DONE]\n\n')
@@ -145,6 +149,7 @@ def main(argv: list[str]) -> int:
         ThreadingHTTPServer(("127.0.0.1", int(arg(argv, "--decoy"))), DecoyHandler).serve_forever()
         return 0
     model = Path(arg(argv, "-m", "model.gguf")).name
+    State.model = model
     port = int(arg(argv, "--port", "8080"))
     host = arg(argv, "--host", "127.0.0.1")
     log("build: 1 (0c1e570) with fake for Linux x86_64")

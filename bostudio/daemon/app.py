@@ -115,7 +115,7 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
 
     # ------------------------------------------------------------ the model router (every API)
 
-    router = Router(sup, options.stream_idle_timeout)
+    router = Router(sup, options.stream_idle_timeout, options.max_body)
     app.state.router = router
 
     def passthrough_route(path: str, api: str, tag: str, summary: str) -> None:

@@ -127,7 +127,7 @@ class Router:
         return bytes(raw), body
 
     def too_large(self, api: str) -> JSONResponse:
-        return api_error(api, 413, f"the request body is larger than {self.max_body >> 20} MiB",
+        return api_error(api, 413, f"the request body is larger than {self.max_body / (1 << 20):g} MiB",
                          "invalid_request_error", "send a shorter prompt or smaller media")
 
     async def admit(self, body: dict, route: str, api: str) -> str:

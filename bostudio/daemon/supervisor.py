@@ -65,6 +65,7 @@ class SupervisorOptions:
     prompt_reuse: bool = True  # sized --cache-ram, slots saved before a stop and restored on load
     prompt_store_dir: str | None = None  # default: XDG cache dir/prompt-cache
     prompt_store_bytes: int = 4 << 30  # disk cap of saved slot states (LRU)
+    max_body: int = 64 << 20  # request bodies above this are refused (413)
 
 
 @dataclass

@@ -107,8 +107,8 @@ PROMPT_CACHE = "prompt cache (--cache-ram)"
 
 def prompt_cache_bytes(state_bytes: int) -> int:
     """--cache-ram for a server whose KV pool and recurrent state take `state_bytes`: room for one
-    copy of every slot's state (idle slots are moved there), whole MiB, at least 16 MiB."""
-    return max(16 * MIB, -(-state_bytes // MIB) * MIB)
+    copy of every slot's state (idle slots are moved there), in whole MiB (0 would turn it off)."""
+    return max(MIB, -(-state_bytes // MIB) * MIB)
 
 
 @dataclass(frozen=True)
