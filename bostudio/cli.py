@@ -197,7 +197,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     intent = Intent(ctx=args.ctx, min_ctx=args.min_ctx, speculation=spec_mode,
                     cache_type_k=args.cache_type, cache_type_v=args.cache_type,
                     draft_cache_type_k=args.draft_cache_type, draft_cache_type_v=args.draft_cache_type,
-                    n_parallel=args.parallel, reserve=int(args.reserve_gib * GIB))
+                    n_parallel=args.parallel, reserve=int(args.reserve_gib * GIB),
+                    prompt_cache=args.prompt_cache, swa_full=args.prompt_cache)
     p = plan(model, devices, intent, speculator, draft)
     if args.json:
         _print_json(plan_json(p))
@@ -553,6 +554,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: keep the speculator only if the minimum context still fits (default); "
                         "on: keep it or fail; off: plan without it")
     p.add_argument("--parallel", type=int, default=4, metavar="N", help="server slots, -np (default 4)")
+    p.add_argument("--prompt-cache", action="store_true",
+                   help="plan as the daemon runs a model with prompt reuse: a host prompt cache (--cache-ram) "
+                        "sized to the KV pool, and --swa-full for sliding-window models")
     p.add_argument("--reserve-gib", type=float, default=1.0, metavar="G",
                    help="memory kept free on every device, GiB (default 1)")
     p.add_argument("--device", default=None, metavar="NAMES",
