@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.netutil import free_port  # noqa: E402
 
-TOKENS_PER_SECTION = 38  # what one agent_prefix section costs on Gemma's tokenizer (measured via /tokenize)
+TOKENS_PER_SECTION = 52  # what one agent_prefix section costs on Gemma's tokenizer (measured via /tokenize)
 
 
 def agent_prefix(tag: str, n_sections: int) -> str:

@@ -19,8 +19,8 @@ CTX = 8192
 PREFIX_TOKENS = 4000
 
 
-def agent_prefix(n_sections: int = 120) -> str:
-    """A stable agent-like prefix (instructions and tool schemas), ~38 tokens per section."""
+def agent_prefix(n_sections: int = 85) -> str:
+    """A stable agent-like prefix (instructions and tool schemas): ~52 Gemma tokens per section."""
     return "You are a coding agent. Tools follow.\n" + "".join(
         f"Tool {i}: read_file_{i}(path: str, offset: int = {i}) returns the text of section {i} of a file; "
         f"use it before editing, never guess contents of part {i * 7}.\n" for i in range(n_sections))
@@ -87,7 +87,7 @@ def test_a_long_prefix_is_paid_once_across_stop_reload_and_daemon_restart(setup)
         # Another context size is another identity: its state is never loaded.
         with d.http(300) as http:
             assert http.post(f"/bostudio/instances/{GEMMA}/stop").status_code == 200
-        other = load(d, ctx=CTX // 2 + 1024)
+        other = load(d, ctx=CTX - 2048)
         assert other["prompts"]["restored_slots"] == 0 and other["prompts"]["key"] != reloaded["prompts"]["key"]
         fresh = turn(d, prefix, "Question 5: which tool reads section 13?")
         assert fresh["cache_n"] == 0 and fresh["prompt_n"] >= PREFIX_TOKENS
