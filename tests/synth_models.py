@@ -105,3 +105,17 @@ def with_fewer_layers(src: Path, dst: Path, n_block: int) -> Path:
         _add_tensor(w, t.name, t.data, t.tensor_type)
     _finish(w)
     return dst
+
+
+def with_fim_tokens(src: Path, dst: Path, pre: int, suf: int, mid: int) -> Path:
+    """A copy of a real model whose header names three of its tokens as the fill-in-the-middle
+    prefix/suffix/middle tokens (tokenizer.ggml.fim_*_token_id): llama-server then serves /infill."""
+    r = GGUFReader(str(src))
+    w = GGUFWriter(str(dst), str(r.fields["general.architecture"].contents()))
+    _copy_fields(r, w, {})
+    for name, tok in (("pre", pre), ("suf", suf), ("mid", mid)):
+        w.add_uint32(f"tokenizer.ggml.fim_{name}_token_id", tok)
+    for t in r.tensors:
+        _add_tensor(w, t.name, t.data, t.tensor_type)
+    _finish(w)
+    return dst

@@ -17,9 +17,11 @@ import openai
 import pytest
 
 from tests.daemon_util import DaemonProc
+from tests.synth_models import with_fim_tokens
 
 GEMMA = "gemma-3-270m-q4_k_m"
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
+FIM = "SmolLM2-fim"
 HELLO = [{"role": "user", "content": "Say hello."}]
 
 
@@ -30,6 +32,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, engine, gemma_gguf: Path, s
     models.mkdir()
     (models / gemma_gguf.name).symlink_to(gemma_gguf)
     (models / smollm2_gguf.name).symlink_to(smollm2_gguf)
+    # SmolLM2 with three of its special tokens named as FIM tokens in the header (it has none).
+    with_fim_tokens(smollm2_gguf, models / f"{FIM}.gguf", pre=6, suf=7, mid=8)
     d = DaemonProc(root, models, ["--idle-ttl", "0", "--prompt-store-dir", str(root / "prompts")]).start()
     yield d
     assert d.stop() == 0
@@ -55,7 +59,7 @@ def olla(daemon: DaemonProc) -> ollama.Client:
 
 @pytest.mark.parametrize("model", [GEMMA, SMOL])
 def test_anthropic_messages_plain(claude: anthropic.Anthropic, model: str) -> None:
-    msg = claude.messages.create(model=model, max_tokens=8, messages=HELLO, temperature=0)
+    msg = claude.messages.create(model=model, max_tokens=8, messages=HELLO)
     assert msg.type == "message" and msg.role == "assistant"
     assert msg.content and msg.content[0].type == "text"
     assert 0 < msg.usage.output_tokens <= 8 and msg.usage.input_tokens > 0
@@ -64,7 +68,7 @@ def test_anthropic_messages_plain(claude: anthropic.Anthropic, model: str) -> No
 
 def test_anthropic_messages_streamed(claude: anthropic.Anthropic) -> None:
     kinds = []
-    with claude.messages.stream(model=GEMMA, max_tokens=8, messages=HELLO, temperature=0,
+    with claude.messages.stream(model=GEMMA, max_tokens=8, messages=HELLO,
                                 system="You are terse.") as stream:
         for event in stream:
             kinds.append(event.type)
@@ -128,14 +132,16 @@ def test_llama_cpp_routes_tokenize_detokenize_apply_template(daemon: DaemonProc)
 
 
 def test_infill_on_a_model_with_fim_tokens(daemon: DaemonProc) -> None:
-    """SmolLM2's vocabulary carries <fim_prefix>/<fim_suffix>/<fim_middle>; Gemma's does not."""
+    """A test-written GGUF with FIM token ids in its header; Gemma and SmolLM2 have none."""
     with daemon.http() as http:
-        r = http.post("/infill", json={"model": SMOL, "input_prefix": "def add(a, b):\n    return ",
+        r = http.post("/infill", json={"model": FIM, "input_prefix": "def add(a, b):\n    return ",
                                        "input_suffix": "\n", "n_predict": 4, "temperature": 0})
         assert r.status_code == 200, r.text
         assert r.json()["tokens_predicted"] > 0
-        r = http.post("/infill", json={"model": GEMMA, "input_prefix": "x", "input_suffix": "y"})
-        assert r.status_code == 400 and "fill-in-the-middle" in r.json()["error"]["message"]
+        for model in (GEMMA, SMOL):
+            r = http.post("/infill", json={"model": model, "input_prefix": "x", "input_suffix": "y"})
+            assert r.status_code == 400 and "fill-in-the-middle" in r.json()["error"]["message"]
+        assert http.post("/bostudio/instances/" + FIM + "/stop").status_code == 200  # one model fewer on 2 cores
 
 
 def test_embeddings_from_a_chat_model_get_a_clear_400(oai: openai.OpenAI, daemon: DaemonProc) -> None:
@@ -149,8 +155,9 @@ def test_embeddings_from_a_chat_model_get_a_clear_400(oai: openai.OpenAI, daemon
 
 def test_ollama_list_and_version(olla: ollama.Client, daemon: DaemonProc) -> None:
     names = {m.model for m in olla.list().models}
-    assert names == {GEMMA, SMOL}
+    assert names == {GEMMA, SMOL, FIM}
     assert httpx.get(daemon.url + "/api/version", trust_env=False).json()["version"]
+    assert olla.generate(model=GEMMA).done_reason == "load"  # an empty generate loads the model
     loaded = {m.model for m in olla.ps().models}
     assert GEMMA in loaded
 
@@ -170,7 +177,8 @@ def test_ollama_generate_and_show(olla: ollama.Client) -> None:
     raw = olla.generate(model=SMOL, prompt="1, 2, 3,", raw=True, options={"num_predict": 4})
     assert raw.done and raw.eval_count > 0
     shown = olla.show(SMOL)
-    assert "insert" in shown.capabilities and shown.details.format == "gguf"
+    assert shown.capabilities == ["completion"] and shown.details.format == "gguf"
+    assert "insert" in olla.show(FIM).capabilities
     with pytest.raises(ollama.ResponseError) as err:
         olla.generate(model=SMOL, prompt="x", template="{{ .Prompt }}")
     assert err.value.status_code == 400 and "template" in err.value.error
