@@ -34,8 +34,10 @@ class DaemonProc:
 
     def start(self) -> "DaemonProc":
         out = open(self.root / f"daemon-{self.port}.out", "ab")
+        # Saved prompt states stay inside the test's own dir unless the test names a store.
+        store = [] if "--prompt-store-dir" in self.args else ["--prompt-store-dir", str(self.root / "prompts")]
         self.proc = subprocess.Popen([sys.executable, "-m", "bostudio", "daemon", "--port", str(self.port),
-                                      *self.args], env=self.env, stdout=out, stderr=subprocess.STDOUT)
+                                      *self.args, *store], env=self.env, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -163,8 +163,10 @@ class Router:
                 inst.active -= 1
                 inst.stats.errors += 1
                 log.warning("%s: upstream %s failed (attempt %d): %r", inst.name, path, attempt, exc)
-                # Not connected means not sent: if the child just died, wait for the reload and retry once.
-                if attempt == 1 and isinstance(exc, httpx.ConnectError) and await self.sup.confirm_exited(inst):
+                # Not connected, or no response from a child that then died, means not served: wait
+                # for the reload and retry once.
+                if attempt == 1 and isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError)) \
+                        and await self.sup.confirm_exited(inst):
                     continue
                 raise Reject(api_error(api, 502, f"llama-server for {inst.name} failed: {exc!r}", "server_error",
                                        "the model is restarted automatically; send the request again"))

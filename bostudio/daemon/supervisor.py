@@ -282,9 +282,12 @@ class Supervisor:
         """True if `inst`'s server has exited; then waits until the supervisor has noticed, so that
         the next get_ready() waits for the restart instead of routing to the dead port."""
         proc = inst.proc
+        deadline = time.monotonic() + wait
+        # A SIGKILLed server tears down for a moment: its socket may still take a connection.
+        while proc is not None and proc.alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         if proc is None or proc.alive():
             return False
-        deadline = time.monotonic() + wait
         while inst.state == READY and inst.proc is proc and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         return True
