@@ -3,7 +3,6 @@ probe tokenization, make self-drafts with llama-quantize and record them in the 
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +10,8 @@ from pathlib import Path
 from bostudio import paths
 from bostudio.catalog.index import scan_catalog
 from bostudio.engine.discover import Engine
-from bostudio.errors import BostudioError, ConfigError, EngineError, GGUFFormatError
+from bostudio.engine.quantize import quantize
+from bostudio.errors import BostudioError, ConfigError, GGUFFormatError
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware.device import Device
 from bostudio.pairing.compat import check_compatibility
@@ -21,7 +21,6 @@ from bostudio.pairing.select import DraftFile, Selection, select
 from bostudio.pairing.table import PairingTable, load_pairings, parse_table, user_table_path
 from bostudio.speculation import DRAFT_N_MAX, SpecRequest
 
-QUANTIZE_TIMEOUT_S = 1800.0
 MIB = 1024 * 1024
 
 
@@ -127,33 +126,12 @@ def self_draft_path(target: Path, quant: str) -> Path:
 def make_self_draft(target: Path, quant: str, engine: Engine, log: Callable[[str], None] = print,
                     force: bool = False) -> Path:
     """A low-bit copy of `target` made with the engine's llama-quantize (cached by name)."""
-    tool = engine.tool("llama-quantize")
-    if tool is None:
-        raise EngineError(f"no llama-quantize beside {engine.path}",
-                          "build the engine with `bostudio engine build` (it builds llama-quantize too)")
     out = self_draft_path(target, quant)
     if out.exists() and not force:
         log(f"self-draft {out} already exists")
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".partial")
-    log(f"quantizing {target.name} to {quant} with {tool.name} ...")
-    try:
-        proc = subprocess.run([str(tool), "--allow-requantize", str(target), str(tmp), quant],
-                              capture_output=True, text=True, errors="replace", timeout=QUANTIZE_TIMEOUT_S)
-    except subprocess.TimeoutExpired as exc:
-        tmp.unlink(missing_ok=True)
-        raise EngineError(f"llama-quantize took over {QUANTIZE_TIMEOUT_S:.0f} s", "try again on a quieter machine") from exc
-    if proc.returncode != 0 or not tmp.exists():
-        tmp.unlink(missing_ok=True)
-        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-        detail = next((ln for ln in reversed(lines) if "invalid" in ln.lower() or "error" in ln.lower()),
-                      lines[-1] if lines else "no output")
-        raise ConfigError(f"llama-quantize could not make a {quant} copy: {detail.strip()}",
-                          "use a type llama-quantize lists, e.g. Q2_K, Q3_K_S, Q4_K_M, IQ2_XXS (IQ types "
-                          "need an importance matrix)")
-    tmp.replace(out)
-    return out
+    log(f"quantizing {target.name} to {quant} with llama-quantize ...")
+    return quantize(engine, target, out, quant)
 
 
 def _toml_str(s: str) -> str:
