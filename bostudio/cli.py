@@ -21,7 +21,7 @@ def _print_json(data: object) -> None:
 def cmd_engine_build(args: argparse.Namespace) -> int:
     from bostudio.engine.build import build_engine
 
-    eng = build_engine(args.backend, jobs=args.jobs, force=args.force,
+    eng = build_engine(args.backend, jobs=args.jobs, force=args.force, portable=args.portable or None,
                        log=lambda m: print(m, file=sys.stderr))
     print(eng.server)
     return 0
@@ -622,6 +622,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "when its toolkit is installed)")
     b.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel compile jobs (default: all cores)")
     b.add_argument("--force", action="store_true", help="rebuild even if a cached build exists")
+    b.add_argument("--portable", action="store_true",
+                   help="build without -march=native (ggml's default instruction set: AVX2 on x86-64), "
+                        "cached separately and ranked below the native build; also "
+                        "BOSTUDIO_ENGINE_PORTABLE=1. Use it with LLAMA_SERVER=... or --engine")
     b.set_defaults(func=cmd_engine_build)
     b = esub.add_parser("list", help="list usable llama-server engines",
                         description="Show every llama-server bostudio can use (built ones, one on PATH, "
