@@ -214,7 +214,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.daemon:
         return cmd_up_daemon(args)
     return run_up(UpOptions(model=args.model, ctx=args.ctx, cache_type=args.cache_type, spec=args.spec,
-                            port=args.port or 8080, host=args.host, engine=args.engine))
+                            port=args.port or 8080, host=args.host, engine=args.engine, pull=args.pull))
 
 
 # ---------------------------------------------------------------- pair
@@ -302,8 +302,12 @@ def _daemon_options(args: argparse.Namespace):
     from bostudio.daemon.service import DaemonOptions
     from bostudio.daemon.supervisor import SupervisorOptions
 
+    from bostudio.pairing.fetch import resolve_pull_policy
+
+    pull = resolve_pull_policy(args.pull, interactive=False)
     sup = SupervisorOptions(engine=args.engine, memory_budget=int(args.memory_budget * (1 << 20)),
-                            idle_ttl=args.idle_ttl, stall_timeout=args.stall_timeout)
+                            idle_ttl=args.idle_ttl, stall_timeout=args.stall_timeout,
+                            pull="never" if pull == "ask" else pull)
     return DaemonOptions(host=args.host, port=args.port, require_token=args.require_token,
                          allow_hosts=tuple(args.allow_host), supervisor=sup)
 
@@ -313,6 +317,7 @@ def _daemon_args(args: argparse.Namespace) -> list[str]:
     out = ["--memory-budget", str(args.memory_budget), "--idle-ttl", str(args.idle_ttl),
            "--stall-timeout", str(args.stall_timeout)]
     out += ["--engine", args.engine] if args.engine else []
+    out += ["--pull", args.pull] if args.pull else []
     out += ["--require-token"] if args.require_token else []
     for h in args.allow_host:
         out += ["--allow-host", h]
@@ -463,6 +468,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address to bind (default 127.0.0.1, loopback only)")
     p.add_argument("--engine", default=None, metavar="PATH",
                    help="llama-server binary to use (default: the best one found, see `engine list`)")
+    p.add_argument("--pull", choices=("ask", "always", "never"), default=None,
+                   help="may a drafter the pairing table names be downloaded from the hub? ask (default on a "
+                        "terminal: shows its size, memory and why, then asks), always, never (default headless); "
+                        "or [pull] policy in config.toml. A declined or failed pull falls back to the next "
+                        "candidate")
     p.add_argument("--daemon", action="store_true",
                    help="load MODEL in the bostudio daemon (started in the background if none runs), print "
                         "the summary and return; the model keeps serving on the daemon's one endpoint")
@@ -553,6 +563,10 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--stall-timeout", type=float, default=120, metavar="S",
                         help="kill a loading llama-server silent for S seconds (default 120); one that prints "
                              "progress is never killed for slowness")
+    common.add_argument("--pull", choices=("always", "never"), default=None,
+                        help="may a drafter the pairing table names be downloaded from the hub when a model loads? "
+                             "(default: [pull] policy in config.toml, else never; `ask` counts as never, as no one "
+                             "can answer in a daemon)")
     common.add_argument("--require-token", action="store_true",
                         help="require the token even on loopback (always required on other addresses)")
     common.add_argument("--allow-host", action="append", default=[], metavar="NAME",
