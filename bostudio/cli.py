@@ -235,6 +235,8 @@ def cmd_pair(args: argparse.Namespace) -> int:
     def note(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    if args.table:
+        return _print_pairing_table(args.json)
     request = parse_spec(args.spec)
     model = resolve_model(args.model, log=note)
     engine = find_engine(args.engine)
@@ -266,6 +268,26 @@ def cmd_pair(args: argparse.Namespace) -> int:
     if report.tables:
         print(f"  tables     : {', '.join(str(t) for t in report.tables)}")
     return 0 if sel.chosen is not None or request.mode == "off" else 1
+
+
+def _print_pairing_table(as_json: bool) -> int:
+    from bostudio.pairing.fetch import table_hub_report
+    from bostudio.pairing.table import load_pairings
+
+    report = table_hub_report(load_pairings())
+    if as_json:
+        _print_json(report)
+        return 0
+    for e in report:
+        match = ", ".join(e["match"]["name"] + e["match"]["architecture"] + e["match"]["tokenizer"]) or "every model"
+        print(f"{e['entry']}: {e['note']}  [matches {match}]")
+        for i, c in enumerate(e["candidates"], 1):
+            print(f"  {i}. {c['kind']:<7} {c['what']}")
+            if c["source"]:
+                print(f"     source: {c['source']}")
+            elif not c["hub"] and c["note"] and "verified" in c["note"]:
+                print(f"     note  : {c['note']}")
+    return 0
 
 
 def cmd_up_daemon(args: argparse.Namespace) -> int:
@@ -496,6 +518,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--self-draft", default=None, metavar="QUANT",
                    help="first make a low-bit copy of MODEL (Q2_K, Q3_K_S, IQ2_XXS...) with llama-quantize "
                         "and record it as MODEL's draft in your pairings.toml")
+    p.add_argument("--table", action="store_true",
+                   help="instead of one model: every pairing table entry, what each candidate would use and "
+                        "from where (the hub ref it would fetch), with the source of that reference")
     p.add_argument("--no-probe", action="store_true",
                    help="skip tokenizing the probe corpus with both models of a draft pair")
     p.add_argument("--engine", default=None, metavar="PATH",

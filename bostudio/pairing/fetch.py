@@ -201,3 +201,33 @@ def interactive_ask(stream_in=None, stream_out=None) -> AskFn:  # type: ignore[n
         answer = inp.readline()
         return answer.strip().lower() in ("y", "yes")
     return ask
+
+
+def table_hub_report(table: PairingTable) -> list[dict]:
+    """For each table entry: what each candidate would use and from where, with the source of a hub ref
+    (`bostudio pair --table`)."""
+    from bostudio.catalog.hub import hub_endpoint
+
+    out = []
+    for e in table.entries:
+        cands = []
+        for c in e.candidates:
+            if c.kind == "ngram":
+                what = f"n-gram speculation ({c.variant}), nothing to fetch"
+            elif c.draft is not None:
+                what = f"the local file {c.draft}"
+            elif c.hub and c.kind == "mtp":
+                what = (f"the target's own MTP head; a GGUF without it is pointed to {c.hub} on {hub_endpoint()} "
+                        "(a whole model: not fetched by itself)")
+            elif c.hub:
+                what = f"would fetch {c.hub} from {hub_endpoint()} (with --pull ask or always)"
+            elif c.kind == "mtp" and not c.find:
+                what = "the target's own MTP head, when its GGUF keeps it"
+            else:
+                what = (f"a local file matching {c.find!r}" if c.find else "nothing") + "; no verified hub ref"
+            cands.append({"kind": c.kind, "hub": c.hub or None, "find": c.find or None, "what": what,
+                          "source": c.evidence or None, "note": c.note or None, "where": c.source})
+        out.append({"entry": e.name, "note": e.note, "match": {"name": list(e.match.names),
+                    "architecture": list(e.match.architectures), "tokenizer": list(e.match.tokenizers)},
+                    "candidates": cands})
+    return out
