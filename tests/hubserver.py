@@ -4,8 +4,9 @@
     GET /{org}/{name}/resolve/{rev}/{path}         file bytes, with Range support (206)
 
 Tests point HF_ENDPOINT at it. It records every request (method, path, Range header, bytes sent) and can
-misbehave on purpose: `cut_after[path] = n` sends the first n bytes of the next GET of that file, then
-drops the connection and answers 503 to the retries; `corrupt.add(path)` serves flipped bytes.
+misbehave on purpose: `cut_after[path] = n` sends the first n bytes of the next whole-file GET of that file, then
+drops the connection and answers 503 to the retries; `corrupt.add(path)` serves flipped bytes;
+`corrupt_tail.add(path)` flips the last 64 bytes only (tensor data: a header read still succeeds).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class FakeHub:
     cut_after: dict[str, int] = field(default_factory=dict)
     failing: set[str] = field(default_factory=set)
     corrupt: set[str] = field(default_factory=set)
+    corrupt_tail: set[str] = field(default_factory=set)
     url: str = ""
 
     def add_file(self, repo: str, path: str, source: Path | bytes) -> None:
@@ -96,6 +98,8 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 return
             if path in hub.corrupt:
                 data = bytes(b ^ 0xFF for b in data[:64]) + data[64:]
+            if path in hub.corrupt_tail:
+                data = data[:-64] + bytes(b ^ 0xFF for b in data[-64:])
             start, end = 0, len(data) - 1
             status = 200
             if req.range:
@@ -113,7 +117,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             if status == 206:
                 self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
             self.end_headers()
-            cut = hub.cut_after.pop(path, None)
+            cut = hub.cut_after.pop(path, None) if req.range is None else None  # header reads pass
             if cut is not None:
                 hub.failing.add(path)  # the retries get 503: the pull fails, a later one resumes
                 req.sent = cut

@@ -327,7 +327,8 @@ def _drafter(header: Header, a: str, n_block: int, has_mtp: bool) -> str | None:
 def _drafter_format_problem(header: Header, a: str) -> str:
     """Why llama-server would refuse this DFlash/DSpark drafter at load ('' when the layout is upstream's)."""
     if a in FORK_DFLASH_ARCHS:
-        nested = sorted(k for k in header.fields if k.startswith(f"{a}.dflash."))
+        nested = sorted((k for k in header.fields if k.startswith(f"{a}.dflash.")),
+                        key=lambda k: ("target_layer" not in k, k))  # the key llama.cpp misses first
         return (f"it is in a fork-only DFlash layout: general.architecture = {a!r} (llama.cpp knows 'dflash')"
                 + (f" with nested keys such as {nested[0]}" if nested else ""))
     if a == "dflash":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bostudio import paths
@@ -85,14 +85,18 @@ class DrafterOffer:
     reason: str
 
     def text(self) -> str:
-        mem = "?" if self.memory_bytes is None else f"{self.memory_bytes / 2**20:,.0f} MiB"
+        mem = "?" if self.memory_bytes is None else _size(self.memory_bytes)
         ctx = "" if not self.context_tokens else f" (about {self.context_tokens:,} tokens of context)"
-        return (f"{self.target} would draft with {self.ref}: {self.size / 2**20:,.0f} MiB to download, "
+        return (f"{self.target} would draft with {self.ref}: {_size(self.size)} to download, "
                 f"{mem} of memory{ctx}; why: {self.reason}" + (f"; source: {self.source}" if self.source else ""))
 
     def to_json(self) -> dict:
         return {"ref": self.ref, "source": self.source, "target": self.target, "size": self.size,
                 "memory_bytes": self.memory_bytes, "context_tokens": self.context_tokens, "reason": self.reason}
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n / 1024:,.0f} KiB"
 
 
 AskFn = Callable[[DrafterOffer], bool]
@@ -127,6 +131,7 @@ def remote_drafters(target: ModelInfo, refs: Mapping[str, str],
         why = ("on the hub only, not downloaded: the pull policy is never (`up --pull ask` or `--pull always` "
                "fetches it; or `bostudio pull {ref}`)")
         return [], {ref: why.format(ref=ref) for ref in refs}, {}
+    from bostudio.catalog.hubfiles import parse_ref
     from bostudio.catalog.remote import read_remote_sources
     from bostudio.gguf import describe_header, merge_parts, parse_header
 
@@ -139,6 +144,8 @@ def remote_drafters(target: ModelInfo, refs: Mapping[str, str],
             unavailable[ref] = f"its header could not be read from the hub: {exc.message}"
             continue
         sizes[ref] = sum(f.size for f in files)
+        # not a local path: named so that messages show the file's name
+        info = replace(info, path=Path("<hub>") / parse_ref(ref)[0] / files[0].path)
         out.append(DraftFile(info, check_compatibility(target, info), hub=ref, remote=True))
     return out, unavailable, sizes
 
@@ -196,7 +203,7 @@ def interactive_ask(stream_in=None, stream_out=None) -> AskFn:  # type: ignore[n
     def ask(offer: DrafterOffer) -> bool:
         out = stream_out or sys.stderr
         inp = stream_in or sys.stdin
-        print(f"Download {offer.ref} ({offer.size / 2**20:,.0f} MiB) into the Hugging Face cache? [y/N] ",
+        print(f"Download {offer.ref} ({_size(offer.size)}) into the Hugging Face cache? [y/N] ",
               end="", file=out, flush=True)
         answer = inp.readline()
         return answer.strip().lower() in ("y", "yes")

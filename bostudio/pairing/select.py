@@ -151,8 +151,8 @@ class _Evaluator:
         mem = self.cost(sp, draft) if sp is not None else None
         fetch = bool(c.hub) and draft is not None and any(
             f.remote and f.path == draft.path for f in self.by_hub.get(c.hub, ()))
-        if fetch:
-            label = f"{label} (hub {c.hub})"
+        if fetch:  # known by its remote header only: name it by its ref
+            label = f"{label.split(' ', 1)[0]} {c.hub} (on the hub)" + (f" + {c.with_ngram}" if c.with_ngram else "")
         return Considered(label, origin, usable, why, sp, draft, mem, c.note, c.hub, c.evidence, fetch)
 
     def evaluate(self, c: Candidate, origin: str) -> Considered:
