@@ -265,6 +265,8 @@ def cmd_pair(args: argparse.Namespace) -> int:
         state = "chosen" if i == sel.chosen else ("usable" if c.usable else "passed over")
         print(f"  {mark} {c.label:<40} {_mib(c.memory_bytes):>10}  {state}: {c.why}")
         print(f"      from {c.origin}" + (f"; note: {c.note}" if c.note else ""))
+        if c.hub:
+            print(f"      hub ref {c.hub}" + (f"; source: {c.evidence}" if c.evidence else ""))
     if report.tables:
         print(f"  tables     : {', '.join(str(t) for t in report.tables)}")
     return 0 if sel.chosen is not None or request.mode == "off" else 1

@@ -350,3 +350,19 @@ def test_up_pull_never_and_pair_say_why_nothing_was_downloaded(hub: FakeHub, tar
     assert proc.returncode == 0 and f"would fetch {DFLASH_REPO}:Q8_0 from {hub.url}" in proc.stdout
     assert "source: spiritbuun/buun-llama-cpp#46" in proc.stdout
     assert hub.requests == []
+
+
+def test_the_daemon_never_asks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bostudio.cli import _daemon_args, _daemon_options, build_parser
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    args = build_parser().parse_args(["daemon"])
+    assert _daemon_options(args).supervisor.pull == "never"
+    args = build_parser().parse_args(["daemon", "--pull", "always"])
+    assert _daemon_options(args).supervisor.pull == "always"
+    passed = _daemon_args(args)  # to a background daemon
+    assert passed[passed.index("--pull") + 1] == "always"
+    cfg = tmp_path / "config" / "bostudio" / "config.toml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text('[pull]\npolicy = "ask"\n')  # no one answers in a daemon: ask counts as never
+    assert _daemon_options(build_parser().parse_args(["daemon"])).supervisor.pull == "never"
