@@ -18,7 +18,11 @@ import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
+
+if TYPE_CHECKING:
+    import pytest
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -149,3 +153,22 @@ class HubServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(timeout=5)
+
+
+def use_hub(hub: FakeHub, tmp_path: Path, monkeypatch: "pytest.MonkeyPatch", *, own_cache: bool = True) -> None:
+    """Point huggingface-hub and bostudio at `hub` with private dirs under tmp_path. own_cache=False keeps
+    XDG_CACHE_HOME (the shared engine cache) for tests that need the built engine."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    # huggingface-hub reads HF_ENDPOINT at import; background requests (agent registry) use this copy.
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    if own_cache:
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("BOSTUDIO_MODELS_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("LMSTUDIO_MODELS_DIR", str(tmp_path / "lmstudio"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))

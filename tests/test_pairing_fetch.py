@@ -24,7 +24,7 @@ from bostudio.pairing.table import (CANDIDATE_KINDS, PairingTableError, hub_ref_
                                     parse_table, shipped_table_path)
 from bostudio.speculation import SPEC_TYPE_ORDER, SpecRequest
 from tests.gguf_factory import tiny_drafter, tiny_glm4moe_mtp, tiny_llama, write_model
-from tests.hubserver import FakeHub, HubServer
+from tests.hubserver import FakeHub, HubServer, use_hub
 from tests.netutil import free_port
 
 DFLASH_REPO = "abhinand/Qwen3.6-35B-A3B-DFlash-GGUF"  # the shipped table's ref for Qwen3.6-35B-A3B
@@ -109,17 +109,7 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
     fake.add_file(FORK_REPO, DFLASH_FILE, _fork_drafter(src / "fork.gguf"))
     fake.add_file(WRONG_REPO, DFLASH_FILE, tiny_drafter(src / "wrong.gguf", "dflash", [1, 4, 6], target_hidden=128))
     with HubServer(fake) as served:
-        import huggingface_hub.constants
-
-        monkeypatch.setenv("HF_ENDPOINT", served.url)
-        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", served.url)
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
-        monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-        monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-        monkeypatch.setenv("BOSTUDIO_MODELS_DIR", str(tmp_path / "models"))
-        monkeypatch.setenv("LMSTUDIO_MODELS_DIR", str(tmp_path / "lmstudio"))
-        monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
+        use_hub(served, tmp_path, monkeypatch)
         yield served
     assert all(not r.path.startswith("http") for r in fake.requests)
 

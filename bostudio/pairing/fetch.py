@@ -11,7 +11,6 @@ own `ask` (a terminal prompt, a dialog, or none).
 from __future__ import annotations
 
 import sys
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,15 +36,10 @@ def default_pull_policy(interactive: bool) -> str:
 
 def configured_pull_policy(path: Path | None = None) -> str | None:
     """`[pull] policy` of config.toml, or None when it is not set."""
+    from bostudio.catalog.config import read_config
+
     path = path or paths.config_file()
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        return None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read config: {exc}", "fix the TOML syntax or remove the file") from exc
-    table = data.get("pull", {})
+    table = read_config(path).get("pull", {})
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: `pull` must be a table", 'write it as [pull] with policy = "ask"')
     for key in table:
