@@ -122,8 +122,12 @@ def choose(target: ModelInfo, request: SpecRequest, engine: Engine, ctx: int = 4
 
 def pair_model(target_path: Path, engine: Engine, request: SpecRequest = SpecRequest("auto"), ctx: int = 4096,
                probe: bool = True) -> PairReport:
+    from bostudio.pairing.fetch import choose_and_fetch
+
     target = describe(target_path)
-    sel, table = choose(target, request, engine, ctx)
+    # `pair` explains and never downloads: a hub drafter shows as what `up --pull ask|always` would fetch
+    table = load_pairings() if request.mode == "auto" else PairingTable()
+    sel = choose_and_fetch(target, request, engine, ctx, policy="never", table=table)
     result = None
     sp = sel.speculator
     if probe and sp.kind == "draft" and sp.draft is not None:
