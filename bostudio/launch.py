@@ -55,7 +55,8 @@ def decide_launch(info: ModelInfo, request: SpecRequest, engine: Engine, *, ctx:
     speculator = choose_and_fetch(info, request, engine, ctx or info.n_ctx_train, devices=devices, policy=pull,
                                   ask=ask, log=log).speculator
     if speculator.draft is not None and not speculator.draft.is_file():
-        raise ModelError(f"the chosen draft {speculator.draft} is not on this machine", "run `bostudio pair` to see why")
+        raise ModelError(f"the chosen draft {speculator.draft} is not on this machine",
+                         "run `bostudio pair` to see why")
     draft_info = describe(speculator.draft) if speculator.draft is not None else None
     # In auto mode the plan may trade a draft for a cheaper speculator when it costs too much context.
     mode = {"auto": "auto", "off": "off"}.get(request.mode, "on")

@@ -203,7 +203,8 @@ class _Evaluator:
         if c.find and fnmatch.fnmatchcase(self.target.path.name.lower(), c.find.lower()):
             where = f"the only local model matching {c.find!r} is the target itself"
         if c.hub:
-            return f"{where}; {self.unavailable.get(c.hub) or f'{c.hub} is not on this machine (bostudio pull {c.hub})'}"
+            missing = self.unavailable.get(c.hub) or f"{c.hub} is not on this machine (bostudio pull {c.hub})"
+            return f"{where}; {missing}"
         return f"{where}, and the hub ref is not filled in: set draft or hub in pairings.toml"
 
     def _with_file(self, c: Candidate, origin: str, f: DraftFile) -> Considered:
@@ -268,8 +269,8 @@ def _auto_candidates(target: ModelInfo, drafts: Sequence[DraftFile], table_files
             out.append(Candidate(kind, draft=d.path, entry="auto", note="drafter kind detected from its metadata"))
     for f in sorted(drafts, key=lambda f: f.info.n_params, reverse=True):
         d = f.info
-        if (not f.remote and d.drafter is None and d.kind == "model" and d.path != target.path and d.path not in table_files
-                and target.tokenizer.fingerprint and d.tokenizer.fingerprint == target.tokenizer.fingerprint
+        if (not f.remote and d.drafter is None and d.kind == "model" and d.path != target.path
+                and d.path not in table_files and target.tokenizer.fingerprint and d.tokenizer.fingerprint == target.tokenizer.fingerprint
                 and d.n_params <= MAX_DRAFT_RATIO * target.n_params):
             out.append(Candidate("draft", draft=d.path, entry="auto",
                                  note=f"same tokenizer, {d.n_params / max(1, target.n_params):.0%} of the "
