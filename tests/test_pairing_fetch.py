@@ -356,3 +356,19 @@ def test_the_daemon_never_asks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     cfg.parent.mkdir(parents=True)
     cfg.write_text('[pull]\npolicy = "ask"\n')  # no one answers in a daemon: ask counts as never
     assert _daemon_options(build_parser().parse_args(["daemon"])).supervisor.pull == "never"
+
+
+def test_up_pull_ask_declined_at_the_prompt_prints_why_and_falls_back(hub: FakeHub, target: Path, engine: Engine,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from bostudio.up import UpOptions, prepare_launch
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("n\n"))
+    notes: list[str] = []
+    prep = prepare_launch(UpOptions(model=str(target), spec="auto", pull="ask", port=free_port(),
+                                    engine=str(engine.path)), note=notes.append)
+    assert prep.plan.chosen.speculator.kind == "ngram"
+    assert "--spec-type" in prep.argv and "-md" not in prep.argv
+    assert any(f"{DFLASH_REPO}:Q8_0: declined: not downloaded; falling back" in n for n in notes), notes
+    assert "Download abhinand/Qwen3.6-35B-A3B-DFlash-GGUF:Q8_0" in capsys.readouterr().err
+    assert _full_gets(hub, DFLASH_REPO) == []
