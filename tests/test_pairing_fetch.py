@@ -246,7 +246,7 @@ def test_an_mtp_stripped_gguf_is_pointed_to_its_mtp_variant(hub: FakeHub, target
     sel = choose_and_fetch(describe(target), SpecRequest("auto"), ENGINE, 4096, policy="never")
     mtp = sel.considered[0]
     assert mtp.label.startswith("mtp") and not mtp.usable
-    assert "unsloth/Qwen3.6-35B-A3B-MTP-GGUF" in mtp.why and "lmstudio-bug-tracker#1934" in mtp.why
+    assert "unsloth/Qwen3.6-35B-A3B-MTP-GGUF" in mtp.why and "lmstudio-bug-tracker#1934" in mtp.evidence
     assert "bostudio pull unsloth/Qwen3.6-35B-A3B-MTP-GGUF" in mtp.why
 
 

@@ -166,8 +166,8 @@ class _Evaluator:
                 why = ("the target has no MTP (NextN) layers" if not t.n_nextn else
                        f"the target declares {t.n_nextn} NextN layer(s) but has no nextn.eh_proj tensor")
                 if c.hub:  # the table names this model's MTP variant: a whole model, never fetched silently
-                    why += (f"; this GGUF was converted without them, the variant that keeps them is {c.hub} "
-                            f"(source: {c.evidence or 'pairings.toml'}): `bostudio pull {c.hub}` and serve that")
+                    why += (f"; this GGUF was converted without them, the variant that keeps them is {c.hub}: "
+                            f"`bostudio pull {c.hub}` and serve that")
                 return self.result(c, origin, False, why)
             if not t.mtp_usable:
                 return self.result(c, origin, False, f"it keeps {t.n_nextn} NextN layer(s), but this engine's "
