@@ -30,7 +30,7 @@ from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PortInUseError, ServerError)
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware import discover_devices
-from bostudio.pairing.pair import choose
+from bostudio.pairing.fetch import choose_and_fetch
 from bostudio.planner import Plan, plan_for_launch
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import (CrashHistory, LoadWatch, ServerProcess, classify_failure, listening_pid_ok,
@@ -57,6 +57,7 @@ class SupervisorOptions:
     probe_tokens: int = 16
     ctx: int = 4096
     spec: str = "auto"
+    pull: str = "never"  # hub drafters: always | never (no one answers an `ask` in a daemon)
 
 
 @dataclass
@@ -70,13 +71,14 @@ class ModelConfig:
     port: int | None = None  # pinned child port (else a free one per launch)
 
 
-def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int) -> Plan:
+def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, pull: str = "never") -> Plan:
     """The speculator (pairing table, auto-detection and compatibility check, as for `bostudio up`) and
     the planner's view of the child as the daemon runs it (llama-server's defaults: 4 slots sharing one
     f16 KV pool): `chosen.total` decides what gets evicted. Raises PlanError if it cannot fit."""
     devices = discover_devices(engine_devices=engine.devices).devices
     request = parse_spec("auto" if spec_mode == "on" else spec_mode)
-    speculator = choose(info, request, engine, ctx, devices=devices)[0].speculator
+    speculator = choose_and_fetch(info, request, engine, ctx, devices=devices, policy=pull,
+                                  log=lambda msg: log.info("%s: %s", info.path.name, msg)).speculator
     draft = describe(speculator.draft) if speculator.draft else None
     return plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft,
                            speculation="off" if speculator.kind == "none" else "on")
@@ -400,7 +402,7 @@ class Supervisor:
         # Probing the engine and reading a large GGUF header take a while: not on the event loop.
         engine = await asyncio.to_thread(lambda: self.engine)
         info = await asyncio.to_thread(describe, cfg.path)
-        planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx)
+        planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx, self.opts.pull)
         speculator = planned.chosen.speculator
         need = planned.chosen.total
         inst.speculator = speculator

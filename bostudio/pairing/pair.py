@@ -3,8 +3,8 @@ probe tokenization, make self-drafts with llama-quantize and record them in the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bostudio import paths
@@ -85,30 +85,48 @@ def engine_devices(engine: Engine) -> tuple[Device, ...]:
 
 def choose(target: ModelInfo, request: SpecRequest, engine: Engine, ctx: int = 4096,
            table: PairingTable | None = None,
-           devices: tuple[Device, ...] | None = None) -> tuple[Selection, PairingTable]:
+           devices: tuple[Device, ...] | None = None, *, hub_copies: Mapping[str, Path] | None = None,
+           remote: Sequence[DraftFile] = (), unavailable: Mapping[str, str] | None = None,
+           ) -> tuple[Selection, PairingTable]:
     """Select the speculator for `target` with the user's and the shipped tables and the local GGUFs.
-    Explicit modes (off, ngram, mtp, draft:PATH) need neither the tables nor a scan of the catalog."""
+    Explicit modes (off, ngram, mtp, draft:PATH) need neither the tables nor a scan of the catalog.
+    `hub_copies` maps the table's hub refs to their files in the hub cache (default: looked up on disk);
+    `remote` are hub drafters known by their header only, `unavailable` why other refs are not here
+    (`fetch.choose_and_fetch` passes both)."""
     if request.mode != "auto":
         table = PairingTable() if table is None else table
         drafts = draft_files(target, [request.draft] if request.draft is not None else [])
     else:
         table = load_pairings() if table is None else table
         named = [c.draft for e in table.entries for c in e.candidates if c.draft is not None]
-        drafts = draft_files(target, local_gguf_paths(target, named))
+        if hub_copies is None:
+            from bostudio.pairing.fetch import hub_refs, local_hub_copies
+
+            hub_copies = local_hub_copies(hub_refs(target, table))
+        # a hub copy keeps its snapshot path (the file's name), not the blob the catalog resolves it to
+        blobs = {p.resolve() for p in hub_copies.values()}
+        drafts = [d for d in draft_files(target, local_gguf_paths(target, named)) if d.path.resolve() not in blobs]
+        for ref, p in hub_copies.items():
+            drafts += [replace(d, hub=ref) for d in draft_files(target, [p])]
+        drafts += list(remote)
     devices = engine_devices(engine) if devices is None else devices
 
     def cost(sp, draft):  # type: ignore[no-untyped-def]
         return speculator_memory_bytes(target, sp, draft, ctx, devices)
 
     sel = select(target, table, request, engine_spec_types=engine.spec_types, drafts=drafts, cost=cost,
-                 has_gpu=engine.gpu_mib() > 0)
+                 has_gpu=engine.gpu_mib() > 0, unavailable=unavailable)
     return sel, table
 
 
 def pair_model(target_path: Path, engine: Engine, request: SpecRequest = SpecRequest("auto"), ctx: int = 4096,
                probe: bool = True) -> PairReport:
+    from bostudio.pairing.fetch import choose_and_fetch
+
     target = describe(target_path)
-    sel, table = choose(target, request, engine, ctx)
+    # `pair` explains and never downloads: a hub drafter shows as what `up --pull ask|always` would fetch
+    table = load_pairings() if request.mode == "auto" else PairingTable()
+    sel = choose_and_fetch(target, request, engine, ctx, policy="never", table=table)
     result = None
     sp = sel.speculator
     if probe and sp.kind == "draft" and sp.draft is not None:
