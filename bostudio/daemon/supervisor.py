@@ -31,7 +31,8 @@ from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PortIn
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware import discover_devices
 from bostudio.pairing.pair import choose
-from bostudio.planner import Plan, plan_for_launch
+from bostudio.planner import Intent, Plan, plan, plan_for_launch
+from bostudio.planner.memory import cache_type as cache_type_of
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import (CrashHistory, LoadWatch, ServerProcess, classify_failure, listening_pid_ok,
                                       log_size, tail)
@@ -68,18 +69,33 @@ class ModelConfig:
     ctx: int
     spec: str
     port: int | None = None  # pinned child port (else a free one per launch)
+    cache_type: str = "f16"  # -ctk/-ctv of the target's KV cache
 
 
-def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int) -> Plan:
+def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, cache_type: str = "f16",
+               must_fit: bool = True) -> Plan:
     """The speculator (pairing table, auto-detection and compatibility check, as for `bostudio up`) and
     the planner's view of the child as the daemon runs it (llama-server's defaults: 4 slots sharing one
-    f16 KV pool): `chosen.total` decides what gets evicted. Raises PlanError if it cannot fit."""
+    KV pool): `chosen.total` decides what gets evicted. Raises PlanError if it cannot fit (with
+    `must_fit`; without, the plan comes back with `chosen.fits` false, for screens that show why)."""
     devices = discover_devices(engine_devices=engine.devices).devices
     request = parse_spec("auto" if spec_mode == "on" else spec_mode)
     speculator = choose(info, request, engine, ctx, devices=devices)[0].speculator
     draft = describe(speculator.draft) if speculator.draft else None
-    return plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft,
-                           speculation="off" if speculator.kind == "none" else "on")
+    speculation = "off" if speculator.kind == "none" else "on"
+    if must_fit:
+        return plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft,
+                               speculation=speculation, cache_type=cache_type)
+    intent = Intent(ctx=ctx, speculation="auto" if speculation == "on" else "off",
+                    cache_type_k=cache_type, cache_type_v=cache_type)
+    return plan(info, devices, intent, speculator, draft)
+
+
+def cache_type_args(cache_type: str) -> tuple[str, ...]:
+    """-ctk/-ctv for a KV cache type other than llama-server's f16 (a quantized V cache needs flash attention)."""
+    if cache_type == "f16":
+        return ()
+    return ("-ctk", cache_type, "-ctv", cache_type) + (() if cache_type in ("bf16", "f32") else ("-fa", "on"))
 
 
 def free_loopback_port() -> int:
@@ -127,7 +143,7 @@ class Instance:
             "model": self.name, "path": str(self.cfg.path), "state": self.state,
             "pid": self.proc.pid if self.proc and self.state in RESIDENT_STATES + (STOPPING,) else None,
             "port": self.port if self.state in RESIDENT_STATES else None,
-            "ctx": self.cfg.ctx, "spec_mode": self.cfg.spec,
+            "ctx": self.cfg.ctx, "cache_type": self.cfg.cache_type, "spec_mode": self.cfg.spec,
             "speculation": self.speculator.label if self.speculator else None,
             "speculation_reason": self.speculator.reason if self.speculator else None,
             "spec_status": self.spec_status, "plan": self.plan, "error": self.error, "loads": self.loads,
@@ -187,7 +203,7 @@ class Supervisor:
         return None if model in self.catalog() else resolve_model(model, log=log.info)
 
     def register(self, model: str, ctx: int | None = None, spec: str | None = None,
-                 port: int | None = None, path: Path | None = None) -> ModelConfig:
+                 port: int | None = None, path: Path | None = None, cache_type: str | None = None) -> ModelConfig:
         """A model named or given by path (control API): its config, updated with what was asked."""
         if path is None and model in self.catalog():
             cfg = self.config_for(model)
@@ -203,6 +219,9 @@ class Supervisor:
             cfg.ctx = ctx
         if port is not None:
             cfg.port = port
+        if cache_type is not None:
+            cache_type_of(cache_type)  # an unknown type fails here, with the valid ones named
+            cfg.cache_type = cache_type
         return cfg
 
     # ------------------------------------------------------------------ the public operations
@@ -400,11 +419,11 @@ class Supervisor:
         # Probing the engine and reading a large GGUF header take a while: not on the event loop.
         engine = await asyncio.to_thread(lambda: self.engine)
         info = await asyncio.to_thread(describe, cfg.path)
-        planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx)
+        planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx, cfg.cache_type)
         speculator = planned.chosen.speculator
         need = planned.chosen.total
         inst.speculator = speculator
-        inst.plan = {"bytes": need, "weights_bytes": info.file_size, "ctx": cfg.ctx,
+        inst.plan = {"bytes": need, "weights_bytes": info.file_size, "ctx": cfg.ctx, "cache_type": cfg.cache_type,
                      "budget_bytes": self.budget(), "why": planned.why,
                      "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes}
                               for u in planned.chosen.uses],
@@ -415,7 +434,7 @@ class Supervisor:
         inst.port = cfg.port or free_loopback_port()
         inst.api_key = secrets.token_urlsafe(32)
         spec = LaunchSpec(model=cfg.path, alias=cfg.name, port=inst.port, host="127.0.0.1", ctx=cfg.ctx,
-                          speculator=speculator)
+                          speculator=speculator, extra_args=cache_type_args(cfg.cache_type))
         argv = build_argv(engine.path, engine.flags, spec)
         # The key goes through the environment, not argv (which every local user can read).
         env = {**os.environ, "LLAMA_API_KEY": inst.api_key}
