@@ -123,17 +123,11 @@ class BostudioApp(App):
             await asyncio.sleep(delay)
 
     def broadcast(self, kind: str, model: str | None = None) -> None:
-        """Tell the screens what changed; each decides what to refresh."""
-        for screen in self.screen_stack + [s for s in self._installed_modes()]:
+        """Tell the screens on show what changed; the others catch up from the store when resumed."""
+        for screen in self.screen_stack:
             handler = getattr(screen, "on_store_change", None)
             if handler is not None and screen.is_mounted:
                 handler(kind, model)
-
-    def _installed_modes(self) -> list:
-        out = []
-        for stack in self._screen_stacks.values():
-            out.extend(s for s in stack if s not in self.screen_stack)
-        return out
 
     # -------------------------------------------------------------- shared actions
 

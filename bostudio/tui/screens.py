@@ -91,7 +91,7 @@ class DevicesScreen(BaseScreen):
 
     def refresh_view(self, kind: str = "", model: str | None = None) -> None:
         # Device memory changes when models load or unload: refresh on those events, not on a timer.
-        if kind in ("connection", "state", "evict", "launch") and self.store.connected:
+        if kind in ("", "connection", "state", "evict", "launch") and self.store.connected:
             self.load()
 
     def action_reload(self) -> None:
@@ -466,9 +466,8 @@ class PlanScreen(BaseScreen):
         if not s.selected:
             self.notify("choose a model first (F2)", severity="warning")
             return
-        spec = None if s.spec == "auto" else s.spec
         try:
-            await self.client.start(s.selected, spec=spec or "auto", ctx=s.ctx, cache_type=s.cache_type, wait=False)
+            await self.client.start(s.selected, spec=s.spec, ctx=s.ctx, cache_type=s.cache_type, wait=False)
         except BostudioError as exc:
             self.app.report(exc)  # type: ignore[attr-defined]
             return
