@@ -131,6 +131,42 @@ def test_daemon_going_away_gives_a_banner_then_reconnects(tmp_path: Path, gemma_
         first.stop()
 
 
+def test_pull_from_the_hub_shows_progress_and_what_to_do_on_errors(tmp_path: Path, gemma_gguf: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.hubserver import FakeHub, HubServer
+
+    fake = FakeHub()
+    fake.add_file("org/Tiny-GGUF", "Tiny-Q8_0.gguf", tiny_llama(tmp_path / "Tiny-Q8_0.gguf"))
+    models = tmp_path / "models"
+    models.mkdir()
+    with HubServer(fake) as served:
+        monkeypatch.setenv("HF_ENDPOINT", served.url)  # the `bostudio pull` child reads it
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+        monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+        d = DaemonProc(tmp_path, models).start()
+
+        async def flow() -> None:
+            app = BostudioApp(AsyncDaemonClient(d.url, token=""))
+            async with app.run_test(size=(80, 24)) as pilot:
+                await pilot.press("ctrl+o")
+                await until(pilot, lambda: app.screen.__class__.__name__ == "PullScreen", 10, "the pull dialog")
+                log = app.screen.query_one("#pull-log")
+                await pilot.press(*"org/Missing-GGUF:Q8_0", "enter")
+                await until(pilot, lambda: "pull failed" in "\n".join(log.lines), 120, "the failure")
+                text = "\n".join(log.lines)
+                assert "hint:" in text and "Traceback" not in text
+                app.screen.query_one("#ref").value = ""
+                await pilot.press(*"org/Tiny-GGUF:Q8_0", "enter")
+                await until(pilot, lambda: "pulled into" in "\n".join(log.lines), 120, "the download")
+                assert any(line.endswith("Tiny-Q8_0.gguf") for line in log.lines)
+                await pilot.press("escape")
+                await until(pilot, lambda: app.current_mode == "models" and app.screen.__class__.__name__ == "ModelsScreen", 10)
+        try:
+            asyncio.run(flow())
+        finally:
+            d.stop()
+
+
 def test_no_module_outside_the_tui_loads_textual() -> None:
     code = ("import pkgutil, importlib, sys, bostudio\n"
             "names = [m.name for m in pkgutil.walk_packages(bostudio.__path__, 'bostudio.')\n"

@@ -312,7 +312,12 @@ class ModelsScreen(BaseScreen):
 class PullScreen(ModalScreen[bool]):
     """Pull REPO[:QUANT] from the Hugging Face hub with `bostudio pull`, its progress shown as it comes."""
 
-    BINDINGS = [Binding("escape", "dismiss(False)", "Close")]
+    BINDINGS = [Binding("escape", "close", "Close")]
+    AUTO_FOCUS = "#ref"
+    pulled = False
+
+    def action_close(self) -> None:
+        self.dismiss(self.pulled)
     DEFAULT_CSS = """
     PullScreen { align: center middle; }
     PullScreen > #box { width: 90%; height: 80%; border: round $primary; background: $surface; }
@@ -336,10 +341,12 @@ class PullScreen(ModalScreen[bool]):
         log = self.query_one("#pull-log", Log)
         log.write_line(f"bostudio pull {plain(ref)}")
         code = await stream_process([sys.executable, "-m", "bostudio", "pull", ref], log)
-        log.write_line("done: the model is in the catalog" if code == 0 else
-                       f"failed (exit {code}): see the message above for what to do")
         if code == 0:
-            self.dismiss(True)
+            log.write_line("pulled into the Hugging Face cache (path above); `bostudio ls` lists it. The daemon "
+                           "serves the GGUFs of its models dir, or a path: `bostudio up --daemon PATH`")
+        else:
+            log.write_line(f"pull failed (exit {code}): the line above says why and what to do")
+        self.pulled = code == 0
 
 
 # ------------------------------------------------------------------------------------------ Plan
