@@ -286,7 +286,7 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         return await asyncio.to_thread(plan_for, model, ctx, cache_type, spec)
 
     def plan_for(model: str, ctx: int | None = None, cache_type: str | None = None, spec: str | None = None) -> dict:
-        from bostudio.daemon.supervisor import cache_type_args, plan_child
+        from bostudio.daemon.supervisor import cache_type_args, plan_view
         from bostudio.engine.argv import LaunchSpec, build_argv
         from bostudio.gguf import describe
         from bostudio.planner.memory import cache_type as check_cache_type
@@ -301,18 +301,19 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         parse_spec("auto" if mode == "on" else mode)
         eng = sup.engine
         info = describe(cfg.path)
-        planned = plan_child(info, mode, eng, ctx, ctype, must_fit=False)
+        planned, refused = plan_view(info, mode, eng, ctx, ctype)
         o = planned.chosen
         sp = o.speculator
         argv = build_argv(eng.path, eng.flags, LaunchSpec(cfg.path, cfg.name, 0, ctx=ctx, speculator=sp,
                                                           extra_args=cache_type_args(ctype)))
         out: dict[str, Any] = {
             "model": cfg.name, "ctx": ctx, "cache_type": ctype, "spec_mode": mode, "speculation": sp.label,
-            "reason": sp.reason, "bytes": o.total, "fits": o.fits, "not_fit_reason": o.reason, "why": planned.why,
+            "reason": sp.reason, "bytes": o.total, "fits": refused is None,
+            "not_fit_reason": refused or "", "why": planned.why,
             "cost_line": planned.cost_line, "spec_cost_bytes": planned.spec_cost_bytes,
             "spec_cost_tokens": planned.spec_cost_tokens, "n_ctx_train": info.n_ctx_train,
             "bars": option_bars(o), "budget_bytes": sup.budget(), "argv": argv, "would_fit": []}
-        if not o.fits:  # what would make it fit: a smaller context, a quantized KV cache, no speculator
+        if refused is not None:  # what would make it fit: a smaller context, a quantized KV cache, no speculator
             from bostudio.planner import NO_SPEC, Intent, plan as plan_model
 
             draft = describe(sp.draft) if sp.draft else None

@@ -27,7 +27,8 @@ from bostudio.daemon.state import ChildRecord, instance_log_path
 from bostudio.daemon.stats import InstanceStats, parse_metrics
 from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.engine.discover import Engine, find_engine
-from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PortInUseError, ServerError)
+from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PlanError, PortInUseError,
+                             ServerError)
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware import discover_devices
 from bostudio.pairing.pair import choose
@@ -72,23 +73,35 @@ class ModelConfig:
     cache_type: str = "f16"  # -ctk/-ctv of the target's KV cache
 
 
-def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, cache_type: str = "f16",
-               must_fit: bool = True) -> Plan:
-    """The speculator (pairing table, auto-detection and compatibility check, as for `bostudio up`) and
-    the planner's view of the child as the daemon runs it (llama-server's defaults: 4 slots sharing one
-    KV pool): `chosen.total` decides what gets evicted. Raises PlanError if it cannot fit (with
-    `must_fit`; without, the plan comes back with `chosen.fits` false, for screens that show why)."""
+def _speculator_for(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int):  # type: ignore[no-untyped-def]
     devices = discover_devices(engine_devices=engine.devices).devices
     request = parse_spec("auto" if spec_mode == "on" else spec_mode)
     speculator = choose(info, request, engine, ctx, devices=devices)[0].speculator
     draft = describe(speculator.draft) if speculator.draft else None
-    speculation = "off" if speculator.kind == "none" else "on"
-    if must_fit:
+    return devices, speculator, draft
+
+
+def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, cache_type: str = "f16") -> Plan:
+    """The speculator (pairing table, auto-detection and compatibility check, as for `bostudio up`) and
+    the planner's view of the child as the daemon runs it (llama-server's defaults: 4 slots sharing one
+    KV pool): `chosen.total` decides what gets evicted. Raises PlanError if it cannot fit."""
+    devices, speculator, draft = _speculator_for(info, spec_mode, engine, ctx)
+    return plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft,
+                           speculation="off" if speculator.kind == "none" else "on", cache_type=cache_type)
+
+
+def plan_view(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int,
+              cache_type: str = "f16") -> tuple[Plan, str | None]:
+    """plan_child for a screen: the plan a launch would use and None, or, when a launch would refuse
+    it, the planner's best attempt and the refusal (so the screen can show the bars and why)."""
+    devices, speculator, draft = _speculator_for(info, spec_mode, engine, ctx)
+    on = speculator.kind != "none"
+    try:
         return plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft,
-                               speculation=speculation, cache_type=cache_type)
-    intent = Intent(ctx=ctx, speculation="auto" if speculation == "on" else "off",
-                    cache_type_k=cache_type, cache_type_v=cache_type)
-    return plan(info, devices, intent, speculator, draft)
+                               speculation="on" if on else "off", cache_type=cache_type), None
+    except PlanError as exc:
+        intent = Intent(ctx=ctx, speculation="auto" if on else "off", cache_type_k=cache_type, cache_type_v=cache_type)
+        return plan(info, devices, intent, speculator, draft), exc.message
 
 
 def cache_type_args(cache_type: str) -> tuple[str, ...]:
