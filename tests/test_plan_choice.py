@@ -22,6 +22,8 @@ from tests.gguf_factory import tiny_glm4moe_mtp, tiny_llama
 @pytest.fixture(scope="module")
 def models(gemma_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("plan-choice")
+    for d in ("targets", "drafts", "nextn", "plain"):
+        (tmp / d).mkdir()
     target = tiny_llama(tmp / "targets" / "paired-target.gguf", n_layer=4)
     draft = tiny_llama(tmp / "drafts" / "paired-draft.gguf", n_layer=1)
     table = tmp / "config" / "bostudio" / "pairings.toml"
