@@ -11,12 +11,14 @@ from bostudio.tui.format import BREAK_EVEN_ACCEPT_LEN, Series, markup, plain, sa
 
 def test_series_takes_one_point_per_request_and_the_acceptance_of_new_drafts_only() -> None:
     s = Series()
-    assert s.add({"requests": 1, "decode_tok_s": 40.0, "draft_tokens": 10, "draft_accepted": 5,
-                  "mean_accepted_length": 1.5})
-    assert not s.add({"requests": 1, "decode_tok_s": 40.0, "draft_tokens": 10, "draft_accepted": 5})  # no news
-    assert s.add({"requests": 2, "decode_tok_s": 50.0, "draft_tokens": 30, "draft_accepted": 25})
+    assert s.add({"requests": 1, "tokens_generated": 16, "decode_tok_s": 40.0, "draft_tokens": 10,
+                  "draft_accepted": 5, "mean_accepted_length": 1.5})
+    assert not s.add({"requests": 2, "tokens_generated": 16, "decode_tok_s": 40.0, "draft_tokens": 10,
+                      "draft_accepted": 5})  # a request started; its timings are not in yet
+    assert s.add({"requests": 2, "tokens_generated": 32, "decode_tok_s": 50.0, "draft_tokens": 30, "draft_accepted": 25})
     assert list(s.tok_s) == [40.0, 50.0] and list(s.acceptance) == [0.5, 1.0] and list(s.accept_len) == [1.5]
-    assert s.add({"requests": 1, "decode_tok_s": 45.0, "draft_tokens": 4, "draft_accepted": 1})  # relaunched
+    assert s.add({"requests": 1, "tokens_generated": 8, "decode_tok_s": 45.0, "draft_tokens": 4,
+                  "draft_accepted": 1})  # relaunched
     assert list(s.acceptance)[-1] == 0.25
 
 

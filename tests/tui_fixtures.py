@@ -78,7 +78,7 @@ def instance(state: str = "ready", active: bool = True, accept_len: float = 2.4)
 
 
 STATS_HISTORY = [  # cumulative snapshots, as the daemon publishes them after requests
-    {"requests": i, "decode_tok_s": v, "draft_tokens": 20 * i, "draft_accepted": a, "mean_accepted_length": 1.0 + 0.3 * i}
+    {"requests": i, "tokens_generated": 32 * i, "decode_tok_s": v, "draft_tokens": 20 * i, "draft_accepted": a, "mean_accepted_length": 1.0 + 0.3 * i}
     for i, (v, a) in enumerate([(40.0, 10), (55.0, 22), (48.0, 35), (62.0, 50), (61.5, 70)], start=1)]
 
 LOG_LINES = ["srv  load_model: loading model '/models/gemma-3-270m-q4_k_m.gguf'",

@@ -141,7 +141,7 @@ class Instance:
     ready: asyncio.Future | None = None
     task: asyncio.Task | None = None
     stopping: bool = False
-    scraped_requests: int = 0
+    scraped: tuple[int, int] = (0, 0)  # (requests, tokens) at the last /metrics scrape
 
     @property
     def name(self) -> str:
@@ -551,9 +551,11 @@ class Supervisor:
         while True:
             await asyncio.sleep(2.0)
             for inst in list(self.instances.values()):
-                if inst.state != READY or inst.http is None or inst.stats.requests == inst.scraped_requests:
+                # A request counts when it starts and its timings land when it ends: publish on either.
+                seen = (inst.stats.requests, inst.stats.tokens_generated)
+                if inst.state != READY or inst.http is None or seen == inst.scraped:
                     continue
-                inst.scraped_requests = inst.stats.requests
+                inst.scraped = seen
                 try:
                     r = await inst.http.get("/metrics", timeout=5.0)
                     if r.status_code == 200:

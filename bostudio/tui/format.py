@@ -72,16 +72,18 @@ class Series:
     acceptance: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
     accept_len: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
     _requests: int = 0
+    _tokens: int = 0
     _drafted: int = 0
     _accepted: int = 0
 
     def add(self, stats: dict) -> bool:
         """Take a stats snapshot; True when it brought a new request (a new point)."""
-        requests = int(stats.get("requests") or 0)
+        requests, tokens = int(stats.get("requests") or 0), int(stats.get("tokens_generated") or 0)
         drafted, accepted = int(stats.get("draft_tokens") or 0), int(stats.get("draft_accepted") or 0)
-        if requests < self._requests or drafted < self._drafted:  # a relaunch resets the counters
-            self._requests = self._drafted = self._accepted = 0
-        if requests == self._requests and drafted == self._drafted:
+        if requests < self._requests or tokens < self._tokens:  # a relaunch resets the counters
+            self._requests = self._tokens = self._drafted = self._accepted = 0
+        if tokens == self._tokens:  # no request finished since the last snapshot (timings land at the end)
+            self._requests = requests
             return False
         if isinstance(stats.get("decode_tok_s"), (int, float)):
             self.tok_s.append(float(stats["decode_tok_s"]))
@@ -89,5 +91,5 @@ class Series:
             self.acceptance.append((accepted - self._accepted) / (drafted - self._drafted))
         if isinstance(stats.get("mean_accepted_length"), (int, float)):
             self.accept_len.append(float(stats["mean_accepted_length"]))
-        self._requests, self._drafted, self._accepted = requests, drafted, accepted
+        self._requests, self._tokens, self._drafted, self._accepted = requests, tokens, drafted, accepted
         return True
