@@ -59,8 +59,10 @@ def plan(fits: bool = True) -> dict:
             "spec_cost_tokens": 2048, "n_ctx_train": 32768,
             "bars": [{"device": "CPU", "budget": budget, "used": used, "free": max(0, budget - used), "groups": groups}],
             "budget_bytes": budget, "argv": [], "would_fit": [] if fits else [
-                {"ctx": 32768, "cache_type": "f16", "speculation": "ngram-mod", "bytes": 2300 * MIB},
-                {"ctx": 600000, "cache_type": "q4_0", "speculation": "ngram-mod", "bytes": 11 * GIB}]}
+                {"change": "a smaller context", "ctx": 32768, "cache_type": "f16", "speculation": "ngram-mod",
+                 "bytes": 2300 * MIB},
+                {"change": "a q4_0 KV cache", "ctx": 600000, "cache_type": "q4_0", "speculation": "ngram-mod",
+                 "bytes": 11 * GIB}]}
 
 
 def instance(state: str = "ready", active: bool = True, accept_len: float = 2.4) -> dict:

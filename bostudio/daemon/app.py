@@ -313,18 +313,13 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
             "cost_line": planned.cost_line, "spec_cost_bytes": planned.spec_cost_bytes,
             "spec_cost_tokens": planned.spec_cost_tokens, "n_ctx_train": info.n_ctx_train,
             "bars": option_bars(o), "budget_bytes": sup.budget(), "argv": argv, "would_fit": []}
-        if refused is not None:  # what would make it fit: a smaller context, a quantized KV cache, no speculator
-            from bostudio.planner import NO_SPEC, Intent, plan as plan_model
+        if refused is not None:  # what would make it fit, one change at a time (the planner's answer)
+            from bostudio.planner import what_would_fit
 
             draft = describe(sp.draft) if sp.draft else None
-            for c, t, on in ((None, ctype, True), (ctx, "q8_0", True), (ctx, "q4_0", True), (ctx, ctype, False)):
-                if t == ctype and c == ctx:
-                    continue
-                intent = Intent(ctx=c, cache_type_k=t, cache_type_v=t, speculation="auto" if on else "off")
-                alt = plan_model(info, planned.devices, intent, sp if on else NO_SPEC, draft if on else None).chosen
-                if alt.fits:
-                    out["would_fit"].append({"ctx": alt.n_ctx, "cache_type": t, "speculation": alt.speculator.label,
-                                             "bytes": alt.total})
+            out["would_fit"] = [{"change": f.change, "ctx": f.option.n_ctx, "cache_type": f.intent.cache_type_k,
+                                 "speculation": f.option.speculator.label, "bytes": f.option.total}
+                                for f in what_would_fit(info, planned.devices, planned.intent, sp, draft)]
         return out
 
     @app.get("/bostudio/pairings/{model}", tags=["control"],

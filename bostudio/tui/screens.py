@@ -22,7 +22,9 @@ from bostudio.tui.widgets import Banner, KeyFooter, MemoryBar
 
 CACHE_TYPES = ("f16", "q8_0", "q4_0", "bf16", "f32")
 SPEC_MODES = ("auto", "on", "off")
-TRY_PROMPT = "Write the numbers from 1 to 20, separated by commas: 1, 2, 3,"
+# Repetitive on purpose: n-gram speculation drafts from text already in the context.
+TRY_PROMPT = ("Copy the list.\nList: apple, banana, cherry, date, elderberry, fig, grape, honeydew.\n"
+              "Copy: apple, banana, cherry, date, elderberry, fig, grape, honeydew.\nCopy:")
 
 
 class BaseScreen(Screen):
@@ -459,8 +461,8 @@ class PlanScreen(BaseScreen):
         if not p.get("fits"):
             lines.append(f"[b red]DOES NOT FIT[/]: {safe(p.get('not_fit_reason', ''))}")
             for w in p.get("would_fit", []):
-                lines.append(f"  [yellow]would fit:[/] context {w['ctx']}, KV {safe(w['cache_type'])}, "
-                             f"speculation {safe(w['speculation'])} ({size(w['bytes'])})")
+                lines.append(f"  [yellow]fits with {safe(w.get('change', 'a change'))}:[/] context {w['ctx']}, "
+                             f"KV {safe(w['cache_type'])}, speculation {safe(w['speculation'])} ({size(w['bytes'])})")
             if not p.get("would_fit"):
                 lines.append("  nothing smaller fits either: a smaller quant of this model, or another device")
         else:

@@ -8,6 +8,10 @@ from textual.widgets import Static
 
 from bostudio.tui.format import plain, size
 
+# A glyph per segment as well as a colour: the bar reads without colour (monochrome terminals,
+# colour-blind users, `tmux capture-pane`).
+BAR_GLYPHS = {"weights": "█", "KV": "▓", "draft": "▒", "draft KV": "▒", "compute": "▆", "prompt cache": "▄",
+              "free": "░"}
 BAR_COLORS = {"weights": "dodger_blue1", "KV": "green3", "draft": "magenta", "draft KV": "orchid",
               "compute": "dark_orange", "prompt cache": "gold1", "free": "grey35"}
 
@@ -76,7 +80,7 @@ class MemoryBar(Static):
                 w = round(width * n / total)
                 w = min(w, width - cells)
                 if w > 0:
-                    out.append("█" * w, style=BAR_COLORS.get(name, "white"))
+                    out.append(BAR_GLYPHS.get(name, "█") * w, style=BAR_COLORS.get(name, "white"))
                     cells += w
             out.append(" " * (width - cells))
             over = used > budget
@@ -85,6 +89,6 @@ class MemoryBar(Static):
             legend = [(k, v) for k, v in segments if v]
             for j, (name, n) in enumerate(legend):
                 out.append("  " if j else "           ")
-                out.append("■ ", style=BAR_COLORS.get(name, "white"))
+                out.append(BAR_GLYPHS.get(name, "█") + " ", style=BAR_COLORS.get(name, "white"))
                 out.append(f"{name} {size(n)}")
         self.update(out)
