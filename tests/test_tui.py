@@ -98,7 +98,23 @@ def test_new_user_flow_filter_plan_launch_stats_stop(daemon: DaemonProc) -> None
             stats = s.instances[GEMMA]["stats"]
             assert stats["tokens_generated"] > 0 and stats["decode_tok_s"] > 0
             await until(pilot, lambda: "tok/s" in screen_text(app), 5)
-            await pilot.press("s")
+            # the speculation switch relaunches without it, and the banner says so
+            await pilot.press("x")
+            await until(pilot, lambda: s.instances[GEMMA].get("spec_mode") == "off"
+                        and s.instances[GEMMA].get("state") == "ready", 300, "the relaunch without speculation")
+            assert s.instances[GEMMA]["speculation"] == "off" and s.instances[GEMMA]["loads"] == 2
+            await until(pilot, lambda: "speculation is off" in screen_text(app), 10, "the banner")
+            # the other screens, on the same live data
+            await pilot.press("f1")
+            devices = app.screen.query_one("#devices")
+            await until(pilot, lambda: devices.row_count >= 1 and "host RAM" in screen_text(app), 60, "devices")
+            assert "the engine the daemon uses" in screen_text(app)
+            await pilot.press("f5")
+            from bostudio.tui.screens import bench_available
+
+            await until(pilot, lambda: ("b runs `bostudio bench`" if bench_available() else "not available")
+                        in screen_text(app).replace("\n", " "), 10, "the Bench screen")
+            await pilot.press("f4", "s")
             await until(pilot, lambda: s.instances[GEMMA].get("state") == "stopped", 60, "stopped")
     asyncio.run(flow())
 

@@ -105,8 +105,11 @@ BENCH = {"model": "gemma-3-270m-q4_k_m", "engine": "llama-server b6000 cpu", "ru
 DEVICES = {"engine": "/engines/llama-server", "backends": ["cpu"], "devices": [
     {"name": "CUDA0", "description": "NVIDIA GeForce RTX 4090", "total_mib": 24564, "free_mib": 20000, "backend": "cuda"}],
     "host": {"total_bytes": 64 * GIB, "available_bytes": 40 * GIB, "cpus": 16}}
-ENGINE = {"path": "/engines/llama-server", "version": "b6000", "backends": ["cpu", "cuda"],
-          "spec_types": ["draft-simple", "draft-mtp", "ngram-mod"]}
+ENGINES = [{"path": "/engines/llama-server", "source": "built", "version": "b6000", "backends": ["cpu", "cuda"],
+            "spec_types": ["draft-simple", "draft-mtp", "ngram-mod"], "devices": ["CUDA0"], "problem": None,
+            "in_use": True},
+           {"path": "/usr/bin/llama-server", "source": "path", "version": "b4000", "backends": ["cpu"],
+            "spec_types": [], "devices": [], "problem": "no --spec-type: too old for speculation", "in_use": False}]
 
 
 class FixedClient:
@@ -120,8 +123,8 @@ class FixedClient:
     async def devices(self) -> dict:
         return DEVICES
 
-    async def engine(self) -> dict:
-        return ENGINE
+    async def engines(self) -> list[dict]:
+        return ENGINES
 
     async def catalog(self) -> list[dict]:
         return CATALOG

@@ -261,6 +261,18 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         data.pop("flags", None)
         return data
 
+    @app.get("/bostudio/engines", tags=["control"],
+             summary="Every llama-server found (built, LLAMA_SERVER, PATH): backends, spec types; `in_use` marks the daemon's")
+    async def engines() -> dict:
+        from bostudio.engine.discover import discover_engines
+
+        found = await asyncio.to_thread(discover_engines)
+        current = await asyncio.to_thread(lambda: sup.engine)
+        return {"engines": [{"path": str(e.path), "source": e.source, "version": e.version,
+                             "backends": list(e.backends), "spec_types": list(e.spec_types),
+                             "devices": [d.name for d in e.devices], "problem": e.problem,
+                             "in_use": e.path == current.path} for e in found]}
+
     @app.get("/bostudio/catalog", tags=["control"], summary="Models the daemon can serve, from their GGUF headers")
     async def catalog() -> dict:
         from bostudio.gguf import describe

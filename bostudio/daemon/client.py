@@ -151,6 +151,9 @@ class AsyncDaemonClient:
     async def engine(self) -> dict:
         return await self._call("GET", "/bostudio/engine")
 
+    async def engines(self) -> list[dict]:
+        return (await self._call("GET", "/bostudio/engines"))["engines"]
+
     async def catalog(self) -> list[dict]:
         return (await self._call("GET", "/bostudio/catalog"))["models"]
 

@@ -33,7 +33,7 @@ class Store:
     cache_type: str = "f16"
     spec: str = "auto"  # auto | on | off
     devices: dict = field(default_factory=dict)
-    engine: dict = field(default_factory=dict)
+    engines: list[dict] = field(default_factory=list)
 
     def apply(self, ev: dict) -> str | None:
         """Take one event; returns the model it touched (None for daemon-wide ones)."""

@@ -81,7 +81,7 @@ class DevicesScreen(BaseScreen):
 
     def body(self) -> ComposeResult:
         table: DataTable = DataTable(id="devices", cursor_type="row", zebra_stripes=True)
-        table.add_columns("device", "backend", "memory used / free", "total")
+        table.add_columns("device", "backend", "memory: used / free")
         yield table
         yield Static(id="engine", classes="pane")
         yield Log(id="build-log", max_lines=500)
@@ -103,27 +103,33 @@ class DevicesScreen(BaseScreen):
     async def load(self) -> None:
         try:
             self.store.devices = await self.client.devices()
-            self.store.engine = await self.client.engine()
+            self.store.engines = await self.client.engines()
         except BostudioError as exc:
             self.query_one("#engine", Static).update(Text(f"{exc.message} ({exc.hint})"))
             return
         self.show_devices()
 
     def show_devices(self) -> None:
-        d, e = self.store.devices, self.store.engine
+        d = self.store.devices
         table = self.query_one("#devices", DataTable)
         table.clear()
         for dev in d.get("devices", []):
             total, free = int(dev.get("total_mib", 0)) << 20, int(dev.get("free_mib", 0)) << 20
-            table.add_row(safe(f"{dev.get('name')} {dev.get('description', '')}"), safe(dev.get("backend", "")),
-                          bar(total - free, total), size(total))
+            table.add_row(safe(clip(f"{dev.get('name')} {dev.get('description', '')}", 30)),
+                          safe(dev.get("backend", "")), bar(total - free, total))
         host = d.get("host") or {}
         if host:
             total, avail = int(host.get("total_bytes", 0)), int(host.get("available_bytes", 0))
-            table.add_row("host RAM", "cpu", bar(total - avail, total), size(total))
-        lines = [f"[b]engine[/b] {safe(e.get('path', '?'))}",
-                 f"  version {safe(e.get('version', '?'))}  backends: {safe(', '.join(e.get('backends', [])) or 'cpu')}",
-                 f"  speculative types: {safe(', '.join(e.get('spec_types', [])) or 'none')}"]
+            table.add_row("host RAM", "cpu", bar(total - avail, total))
+        lines = []
+        for e in self.store.engines:
+            mark = "[green]*[/]" if e.get("in_use") else " "
+            lines.append(f"{mark} [b]{safe(e.get('path', '?'))}[/b] ({safe(e.get('source', '?'))}, "
+                         f"{safe(e.get('version', '?'))})")
+            lines.append(f"    backends: {safe(', '.join(e.get('backends') or []) or 'cpu')}; speculative types: "
+                         f"{safe(', '.join(e.get('spec_types') or []) or 'none')}"
+                         + (f"; [red]unusable:[/] {safe(e['problem'])}" if e.get("problem") else ""))
+        lines.append("* = the engine the daemon uses" if self.store.engines else "no llama-server found: b builds one")
         if not d.get("devices"):
             lines.append("  no GPU in this build: b builds the backend of this machine's GPU (needs its toolkit)")
         self.query_one("#engine", Static).update(markup("\n".join(lines)))
@@ -148,7 +154,7 @@ def bar(used: int, total: int, width: int = 12) -> str:
     if total <= 0:
         return "?"
     filled = max(0, min(width, round(width * used / total)))
-    return f"[green]{'█' * filled}[/][grey35]{'█' * (width - filled)}[/] {size(used)} / {size(total - used)}"
+    return f"[green]{'█' * filled}[/][grey50]{'░' * (width - filled)}[/] {size(used)} / {size(total - used)}"
 
 
 async def stream_process(argv: list[str], log: Log) -> int:
