@@ -502,7 +502,8 @@ class RunningScreen(BaseScreen):
     RunningScreen .spark-row { height: 1; padding: 0 1; }
     RunningScreen .spark-label { width: 34; }
     RunningScreen Sparkline { width: 1fr; height: 1; }
-    RunningScreen #log { height: 1fr; min-height: 3; border-top: solid $primary-darken-2; }
+    RunningScreen #log { height: 1fr; min-height: 3; border-top: solid $primary-darken-2;
+                         scrollbar-size-horizontal: 0; }
     """
 
     def body(self) -> ComposeResult:
@@ -571,7 +572,7 @@ class RunningScreen(BaseScreen):
         lines = [f"endpoint [b]{safe(self.store.url)}/v1[/b]  model [b]{safe(name)}[/b]  (y copies)",
                  f"state [b]{inst.get('state')}[/b]"
                  + (f" in {inst['ready_s']:.1f} s" if inst.get("state") == "ready" and inst.get("ready_s") else "")
-                 + f", memory {size(plan.get('bytes'))} (ctx {inst.get('ctx')}, KV {safe(inst.get('cache_type', 'f16'))})",
+                 + f", memory {size(plan.get('bytes'))} planned (ctx {inst.get('ctx')}, KV {safe(inst.get('cache_type', 'f16'))})",
                  f"speculation {safe(inst.get('speculation') or '-')}: {safe(status.get('detail', 'not verified yet'))}"]
         if inst.get("error"):
             err = inst["error"]
