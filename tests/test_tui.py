@@ -109,6 +109,11 @@ def test_new_user_flow_filter_plan_launch_stats_stop(daemon: DaemonProc) -> None
             devices = app.screen.query_one("#devices")
             await until(pilot, lambda: devices.row_count >= 1 and "host RAM" in screen_text(app), 60, "devices")
             assert "the engine the daemon uses" in screen_text(app)
+            await pilot.press("b")  # this machine's backend is the cached CPU build: the build returns at once
+            build_log = app.screen.query_one("#build-log")
+            await until(pilot, lambda: any(line.endswith("llama-server") for line in build_log.lines), 120,
+                        "the build's output")
+            assert any("backend" in line for line in build_log.lines)
             await pilot.press("f5")
             from bostudio.tui.screens import bench_available
 
