@@ -54,3 +54,28 @@ def test_untrusted_text_shows_literally_and_never_as_a_control_character(hostile
     assert not any(ord(c) < 32 or c == "\u202e" for c in shown.plain)
     assert all(not span.style or str(span.style) == "bold" for span in shown.spans)  # no style from the input
     assert shown.plain == plain(hostile)
+
+
+def test_a_command_s_lines_go_to_the_log_and_its_progress_bar_to_the_status_line() -> None:
+    import asyncio
+    import sys
+
+    from bostudio.tui.screens import stream_process
+
+    class Sink:  # records what the Log and the status Static are given
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def write_line(self, line: str) -> None:
+            self.lines.append(line)
+
+        def update(self, text) -> None:  # type: ignore[no-untyped-def]
+            self.lines.append(str(text))
+
+    code = ("import sys, time\nprint('start', flush=True)\n"
+            "for p in (10, 50, 100):\n    sys.stderr.write(f'file.gguf {p}%\\r'); sys.stderr.flush(); time.sleep(0.05)\n"
+            "sys.stderr.write('\\n\\x1b[2Jdone \\u00e9\\n'); sys.exit(3)")
+    log, status = Sink(), Sink()
+    assert asyncio.run(stream_process([sys.executable, "-c", code], log, status)) == 3  # type: ignore[arg-type]
+    assert log.lines == ["start", "", "\\x1b[2Jdone \u00e9"]
+    assert status.lines == ["file.gguf 10%", "file.gguf 50%", "file.gguf 100%"]

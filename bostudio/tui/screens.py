@@ -4,8 +4,10 @@ asks the daemon through the app's client in workers, and refreshes when the stor
 from __future__ import annotations
 
 import asyncio
+import codecs
 import importlib.util
 import json
+import re
 import sys
 
 from rich.text import Text
@@ -157,14 +159,29 @@ def bar(used: int, total: int, width: int = 12) -> str:
     return f"[green]{'█' * filled}[/][grey50]{'░' * (width - filled)}[/] {size(used)} / {size(total - used)}"
 
 
-async def stream_process(argv: list[str], log: Log) -> int:
-    """Run a bostudio command, its stdout and stderr lines into `log` as they come; the exit code."""
+_LINE_END = re.compile(r"(\r\n|\n|\r)")
+
+
+async def stream_process(argv: list[str], log: Log, status: Static | None = None) -> int:
+    """Run a bostudio command, its output into `log` line by line as it comes; progress bars (lines
+    rewritten with \\r, as tqdm draws them) go to `status`. Returns the exit code."""
     proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     assert proc.stdout is not None
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    pending = ""
     try:
-        async for raw in proc.stdout:
-            log.write_line(plain(raw.decode("utf-8", "replace").rstrip("\n")))
+        while chunk := await proc.stdout.read(4096):
+            pieces = _LINE_END.split(pending + decoder.decode(chunk))  # text, end, text, ..., text
+            for seg, end in zip(pieces[0::2], pieces[1::2]):
+                if end == "\r":  # a progress bar redrawing its line
+                    if status is not None and seg.strip():
+                        status.update(Text(plain(seg.strip())))
+                else:
+                    log.write_line(plain(seg))
+            pending = pieces[-1]
+        if pending:
+            log.write_line(plain(pending))
         return await proc.wait()
     finally:
         if proc.returncode is None:
@@ -336,6 +353,7 @@ class PullScreen(ModalScreen[bool]):
         with VerticalScroll(id="box"):
             yield Static("Pull from the hub: REPO[:QUANT] (e.g. Qwen/Qwen3-0.6B-GGUF:Q4_K_M); Esc closes")
             yield Input(placeholder="org/repo:QUANT", id="ref")
+            yield Static(id="pull-progress")
             yield Log(id="pull-log", max_lines=500)
         yield KeyFooter()
 
@@ -348,7 +366,8 @@ class PullScreen(ModalScreen[bool]):
     async def pull(self, ref: str) -> None:
         log = self.query_one("#pull-log", Log)
         log.write_line(f"bostudio pull {plain(ref)}")
-        code = await stream_process([sys.executable, "-m", "bostudio", "pull", ref], log)
+        code = await stream_process([sys.executable, "-m", "bostudio", "pull", ref], log,
+                                    self.query_one("#pull-progress", Static))
         if code == 0:
             log.write_line("pulled into the Hugging Face cache (path above); `bostudio ls` lists it. The daemon "
                            "serves the GGUFs of its models dir, or a path: `bostudio up --daemon PATH`")
