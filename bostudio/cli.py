@@ -124,13 +124,14 @@ def _local_devices(engine_path: str | None):  # type: ignore[no-untyped-def]
         problems.append(f"engine: {engine.path}: {engine.problem}")
         engine = None
     result = discover_devices(engine_devices=engine.devices if engine else None)
-    return result.devices, tuple(problems) + result.problems, engine.path if engine else None
+    return result.devices, tuple(problems) + result.problems, engine
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
     from bostudio.planner.render import _size
 
-    devices, problems, server = _local_devices(args.engine)
+    devices, problems, engine = _local_devices(args.engine)
+    server = engine.path if engine else None
     if args.json:
         _print_json({"devices": [d.to_json() for d in devices], "problems": list(problems),
                      "engine": str(server) if server else None})
@@ -159,20 +160,25 @@ def _resolve_model(name: str):  # type: ignore[no-untyped-def]
 def cmd_plan(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from bostudio.engine.discover import find_engine
     from bostudio.errors import ConfigError
+    from bostudio.gguf import describe
     from bostudio.hardware import load_devices_file
-    from bostudio.planner import MTP_SPEC, NGRAM_SPEC, NO_SPEC, Intent, plan
+    from bostudio.pairing.pair import choose
+    from bostudio.planner import Intent, plan
     from bostudio.planner.memory import GIB, cache_type
     from bostudio.planner.render import plan_json, render_plan
-    from bostudio.speculation import DRAFT_N_MAX, Speculator, parse_spec
+    from bostudio.speculation import parse_spec
 
     model = _resolve_model(args.model)
     cache_type(args.cache_type)
     cache_type(args.draft_cache_type)
     if args.devices_file:
         devices = load_devices_file(Path(args.devices_file))
+        engine = find_engine(args.engine)  # its spec types decide what can be paired
     else:
-        devices, _problems, _server = _local_devices(args.engine)
+        devices, _problems, engine = _local_devices(args.engine)
+        engine = engine or find_engine(args.engine)  # raises with what to do when there is none
     if args.device:
         wanted = {w.strip() for w in args.device.split(",") if w.strip()}
         picked = tuple(d for d in devices if not d.is_gpu or d.label in wanted or d.name in wanted)
@@ -182,17 +188,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
                               f"devices: {', '.join(d.label for d in devices)}")
         devices = picked
     req = parse_spec(args.spec)
-    draft = None
-    if req.mode == "off":
-        speculator = NO_SPEC
-    elif req.mode == "draft":
-        assert req.draft is not None
-        draft = _resolve_model(str(req.draft))
-        speculator = Speculator("draft", ("draft-simple",), draft=draft.path, n_max=DRAFT_N_MAX)
-    elif req.mode == "ngram" or (req.mode == "auto" and not model.mtp_usable):
-        speculator = NGRAM_SPEC
-    else:  # mtp, or auto on a model with its own MTP head
-        speculator = MTP_SPEC
+    if req.draft is not None and not req.draft.is_file():
+        req = parse_spec(f"draft:{_resolve_model(str(req.draft)).path}")  # a catalog name for the draft
+    # One choice everywhere: the pairing tables, auto-detection and the compatibility check, exactly
+    # as `up`, `pair` and the daemon choose (launch.decide_launch uses the same context).
+    speculator = choose(model, req, engine, args.ctx or model.n_ctx_train, devices=devices)[0].speculator
+    draft = describe(speculator.draft) if speculator.draft is not None else None
     spec_mode = "off" if req.mode == "off" else args.spec_mode
     intent = Intent(ctx=args.ctx, min_ctx=args.min_ctx, speculation=spec_mode,
                     cache_type_k=args.cache_type, cache_type_v=args.cache_type,
@@ -200,9 +201,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     n_parallel=args.parallel, reserve=int(args.reserve_gib * GIB))
     p = plan(model, devices, intent, speculator, draft)
     if args.json:
-        _print_json(plan_json(p))
+        _print_json(dict(plan_json(p), speculation=speculator.label, reason=speculator.reason,
+                         draft=str(speculator.draft) if speculator.draft else None))
     else:
         print(render_plan(p))
+        print(f"speculator: {speculator.label} ({speculator.reason})")
     return 0 if p.chosen.fits else 1
 
 
@@ -468,7 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bostudio",
         description="Speculative decoding for llama.cpp, one switch: find or build llama-server, "
-                    "pair models with speculators, launch and verify.")
+                    "pair models with speculators, launch and verify. Without a COMMAND it opens the "
+                    "terminal UI (`bostudio tui`).")
     parser.add_argument("--version", action="version", version=f"bostudio {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -555,8 +559,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-cache-type", default="f16", metavar="TYPE",
                    help="the draft's KV cache type for -ctkd/-ctvd (default f16, llama.cpp's default)")
     p.add_argument("--spec", default="auto", metavar="SPEC",
-                   help="auto | off | ngram | mtp | draft:PATH (default auto: the model's MTP head if it "
-                        "has one, else n-gram)")
+                   help="auto | off | ngram | mtp | draft:PATH (default auto: chosen as `up`, `pair` and the "
+                        "daemon choose: pairing tables, auto-detection, compatibility check)")
     p.add_argument("--spec-mode", choices=("auto", "on", "off"), default="auto",
                    help="auto: keep the speculator only if the minimum context still fits (default); "
                         "on: keep it or fail; off: plan without it")
@@ -635,6 +639,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--show", action="store_true", help="print the token instead of the file's path")
     d.set_defaults(func=cmd_daemon_token)
 
+    p = sub.add_parser("tui", help="the terminal UI (also: `bostudio` with no arguments)",
+                       description="Open the terminal UI: devices, the model catalog with pairings, the memory "
+                                   "plan (edit context, KV type, speculation), launch with one key, live stats "
+                                   "and logs, bench. It is a client of the daemon and starts one in the "
+                                   "background if none runs. F1-F5 switch screens, Ctrl+Q quits.")
+    p.add_argument("--host", default=None, metavar="H", help=f"address for a daemon it starts (default {DEFAULT_HOST})")
+    p.add_argument("--port", type=int, default=None, metavar="P",
+                   help=f"port for a daemon it starts (default {DEFAULT_PORT}); a running daemon is used as it is")
+    p.add_argument("--engine", default=None, metavar="PATH", help="llama-server for a daemon it starts")
+    p.set_defaults(func=cmd_tui)
+
     p = sub.add_parser("ps", help="list the models the daemon runs, with live stats",
                        description="List the daemon's instances: state, pid, port, speculation, decode tok/s, "
                                    "draft acceptance rate, mean accepted length, requests served.")
@@ -711,9 +726,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cmd_tui(args: argparse.Namespace) -> int:
+    from bostudio.tui import run_tui
+
+    extra = ["--engine", args.engine] if getattr(args, "engine", None) else []
+    return run_tui(getattr(args, "host", None), getattr(args, "port", None), extra)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv or ["tui"])  # no arguments: the TUI
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

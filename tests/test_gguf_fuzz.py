@@ -13,7 +13,6 @@ import os
 import random
 import time
 import tracemalloc
-from pathlib import Path
 
 import pytest
 
