@@ -19,6 +19,7 @@ from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import ConfigError, PortInUseError, ServerError
 from bostudio.gguf import describe
 from bostudio.launch import decide_launch
+from bostudio.pairing.fetch import interactive_ask, resolve_pull_policy
 from bostudio.planner import Plan
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import ServerProcess, tail
@@ -38,6 +39,7 @@ class UpOptions:
     port: int = 8080
     host: str = "127.0.0.1"
     engine: str | None = None
+    pull: str | None = None  # ask | always | never; None: config.toml [pull], else ask on a terminal, never headless
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,9 @@ def prepare_launch(opts: UpOptions, note=print) -> Prepared:  # type: ignore[no-
     info = describe(model)  # raises GGUFFormatError for truncated or crafted files
     check_port_free(opts.host, opts.port)
     engine = find_engine(opts.engine)
-    decision = decide_launch(info, request, engine, ctx=opts.ctx, cache_type=opts.cache_type)
+    policy = resolve_pull_policy(opts.pull)
+    decision = decide_launch(info, request, engine, ctx=opts.ctx, cache_type=opts.cache_type, pull=policy,
+                             ask=interactive_ask() if policy == "ask" else None, log=note)
     launch = decision.launch_spec(model, model_name(model), opts.port, opts.host)
     return Prepared(engine, launch, decision.plan, build_argv(engine.path, engine.flags, launch))
 

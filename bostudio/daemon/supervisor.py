@@ -29,11 +29,13 @@ from bostudio.daemon.state import ChildRecord, instance_log_path
 from bostudio.daemon.stats import InstanceStats, parse_metrics
 from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.engine.discover import Engine, find_engine
-from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PortInUseError, ServerError)
+from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PlanError, PortInUseError,
+                             ServerError)
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware import discover_devices
-from bostudio.pairing.pair import choose
-from bostudio.planner import Plan, plan_for_launch
+from bostudio.pairing.fetch import choose_and_fetch
+from bostudio.planner import Intent, Plan, plan, plan_for_launch
+from bostudio.planner.memory import cache_type as cache_type_of
 from bostudio.planner.fit import PROMPT_CACHE
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import (CrashHistory, LoadWatch, ServerProcess, classify_failure, listening_pid_ok,
@@ -66,6 +68,7 @@ class SupervisorOptions:
     prompt_store_dir: str | None = None  # default: XDG cache dir/prompt-cache
     prompt_store_bytes: int = 4 << 30  # disk cap of saved slot states (LRU)
     max_body: int = 64 << 20  # request bodies above this are refused (413)
+    pull: str = "never"  # hub drafters: always | never (no one answers an `ask` in a daemon)
 
 
 @dataclass
@@ -77,35 +80,69 @@ class ModelConfig:
     ctx: int
     spec: str
     port: int | None = None  # pinned child port (else a free one per launch)
+    cache_type: str = "f16"  # -ctk/-ctv of the target's KV cache
 
 
-def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, prompt_reuse: bool = False,
-               caps: ModelCaps | None = None) -> Plan:
-    """The speculator (pairing table, auto-detection and compatibility check, as for `bostudio up`) and
-    the planner's view of the child as the daemon runs it (llama-server's defaults: 4 slots sharing one
-    f16 KV pool; with prompt reuse a host prompt cache and full SWA caches): `chosen.total` decides
-    what gets evicted. Embedding and rerank models generate nothing, so they get no speculator.
-    Raises PlanError if it cannot fit."""
+def _speculator_for(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int,  # type: ignore[no-untyped-def]
+                    pull: str = "never", generates: bool = True):
     devices = discover_devices(engine_devices=engine.devices).devices
-    generates = caps is None or caps.kind == "chat"
+    # Embedding and rerank models generate nothing, so they get no speculator.
     request = parse_spec(("auto" if spec_mode == "on" else spec_mode) if generates else "off")
-    speculator = choose(info, request, engine, ctx, devices=devices)[0].speculator
+    speculator = choose_and_fetch(info, request, engine, ctx, devices=devices, policy=pull,
+                                  log=lambda msg: log.info("%s: %s", info.path.name, msg)).speculator
     draft = describe(speculator.draft) if speculator.draft else None
+    return devices, speculator, draft
+
+
+def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, cache_type: str = "f16",
+               pull: str = "never", prompt_reuse: bool = False, caps: ModelCaps | None = None) -> Plan:
+    """The speculator (pairing table, auto-detection and compatibility check, as for `bostudio up`, a hub
+    drafter fetched as `pull` allows) and the planner's view of the child as the daemon runs it
+    (llama-server's defaults: 4 slots sharing one KV pool): `chosen.total` decides what gets evicted.
+    With prompt reuse it plans a host prompt cache and full SWA caches; embedding and rerank models
+    (`caps`) get no speculator. Raises PlanError if it cannot fit."""
+    generates = caps is None or caps.kind == "chat"
+    devices, speculator, draft = _speculator_for(info, spec_mode, engine, ctx, pull, generates)
     return plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft,
-                           speculation="off" if speculator.kind == "none" else "on",
+                           speculation="off" if speculator.kind == "none" else "on", cache_type=cache_type,
                            prompt_cache=prompt_reuse and generates)
 
 
 def child_argv(engine: Engine, cfg: "ModelConfig", planned: Plan, caps: ModelCaps, port: int,
                slot_dir: Path | None) -> list[str]:
-    """The child's llama-server argv: the plan's speculator, the flags its kind needs (embeddings,
-    reranking), and with prompt reuse the planned --cache-ram, --swa-full and --slot-save-path."""
-    extra = list(caps.launch_args()) + planned.prompt_cache_args()
+    """The child's llama-server argv: the plan's speculator, its cache type, the flags its kind needs
+    (embeddings, reranking), and with prompt reuse the planned --cache-ram, --swa-full and
+    --slot-save-path."""
+    extra = list(cache_type_args(cfg.cache_type)) + list(caps.launch_args()) + planned.prompt_cache_args()
     if slot_dir is not None and planned.intent.prompt_cache:
         extra += ["--slot-save-path", str(slot_dir)]
     spec = LaunchSpec(model=cfg.path, alias=cfg.name, port=port, host="127.0.0.1", ctx=cfg.ctx,
                       speculator=planned.chosen.speculator, extra_args=tuple(extra))
     return build_argv(engine.path, engine.flags, spec)
+
+
+def plan_view(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, cache_type: str = "f16",
+              prompt_reuse: bool = False, caps: ModelCaps | None = None) -> tuple[Plan, str | None]:
+    """plan_child for a screen: the plan a launch would use and None, or, when a launch would refuse
+    it, the planner's best attempt and the refusal (so the screen can show the bars and why)."""
+    generates = caps is None or caps.kind == "chat"
+    devices, speculator, draft = _speculator_for(info, spec_mode, engine, ctx, generates=generates)
+    on = speculator.kind != "none"
+    reuse = prompt_reuse and generates
+    try:
+        return plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft,
+                               speculation="on" if on else "off", cache_type=cache_type, prompt_cache=reuse), None
+    except PlanError as exc:
+        intent = Intent(ctx=ctx, speculation="auto" if on else "off", cache_type_k=cache_type, cache_type_v=cache_type,
+                        prompt_cache=reuse, swa_full=reuse)
+        return plan(info, devices, intent, speculator, draft), exc.message
+
+
+def cache_type_args(cache_type: str) -> tuple[str, ...]:
+    """-ctk/-ctv for a KV cache type other than llama-server's f16 (a quantized V cache needs flash attention)."""
+    if cache_type == "f16":
+        return ()
+    return ("-ctk", cache_type, "-ctv", cache_type) + (() if cache_type in ("bf16", "f32") else ("-fa", "on"))
 
 
 def free_loopback_port() -> int:
@@ -138,7 +175,7 @@ class Instance:
     ready: asyncio.Future | None = None
     task: asyncio.Task | None = None
     stopping: bool = False
-    scraped_requests: int = 0
+    scraped: tuple[int, int] = (0, 0)  # (requests, tokens) at the last /metrics scrape
     cfg_cooldown: float = 0.0
     failed_at: float | None = None  # wall time the model was marked failed
     state_key: StateKey | None = None  # what this child's saved slot states are valid for
@@ -157,7 +194,7 @@ class Instance:
             "model": self.name, "path": str(self.cfg.path), "state": self.state,
             "pid": self.proc.pid if self.proc and self.state in RESIDENT_STATES + (STOPPING,) else None,
             "port": self.port if self.state in RESIDENT_STATES else None,
-            "ctx": self.cfg.ctx, "spec_mode": self.cfg.spec,
+            "ctx": self.cfg.ctx, "cache_type": self.cfg.cache_type, "spec_mode": self.cfg.spec,
             "speculation": self.speculator.label if self.speculator else None,
             "speculation_reason": self.speculator.reason if self.speculator else None,
             "spec_status": self.spec_status, "plan": self.plan, "error": self.error, "loads": self.loads,
@@ -232,7 +269,7 @@ class Supervisor:
         return None if model in self.catalog() else resolve_model(model, log=log.info)
 
     def register(self, model: str, ctx: int | None = None, spec: str | None = None,
-                 port: int | None = None, path: Path | None = None) -> ModelConfig:
+                 port: int | None = None, path: Path | None = None, cache_type: str | None = None) -> ModelConfig:
         """A model named or given by path (control API): its config, updated with what was asked."""
         if path is None and model in self.catalog():
             cfg = self.config_for(model)
@@ -248,6 +285,9 @@ class Supervisor:
             cfg.ctx = ctx
         if port is not None:
             cfg.port = port
+        if cache_type is not None:
+            cache_type_of(cache_type)  # an unknown type fails here, with the valid ones named
+            cfg.cache_type = cache_type
         return cfg
 
     # ------------------------------------------------------------------ the public operations
@@ -464,8 +504,8 @@ class Supervisor:
         engine = await asyncio.to_thread(lambda: self.engine)
         info = await asyncio.to_thread(describe, cfg.path)
         caps = await asyncio.to_thread(model_caps, cfg.path)
-        planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx, self.slot_store is not None,
-                                          caps)
+        planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx, cfg.cache_type,
+                                          self.opts.pull, self.slot_store is not None, caps)
         speculator = planned.chosen.speculator
         need = planned.chosen.total
         inst.speculator = speculator
@@ -473,8 +513,8 @@ class Supervisor:
         inst.state_key = (await asyncio.to_thread(state_key, cfg.path, engine.commit, cfg.ctx,
                                                   planned.intent.cache_type_k, "auto", planned.intent.swa_full)
                           if reuse else None)
-        inst.plan = {"bytes": need, "weights_bytes": info.file_size, "ctx": cfg.ctx, "kind": caps.kind,
-                     "prompt_cache_bytes": planned.chosen.component_bytes(PROMPT_CACHE),
+        inst.plan = {"bytes": need, "weights_bytes": info.file_size, "ctx": cfg.ctx, "cache_type": cfg.cache_type,
+                     "kind": caps.kind, "prompt_cache_bytes": planned.chosen.component_bytes(PROMPT_CACHE),
                      "budget_bytes": self.budget(), "why": planned.why,
                      "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes}
                               for u in planned.chosen.uses],
@@ -622,9 +662,11 @@ class Supervisor:
         while True:
             await asyncio.sleep(2.0)
             for inst in list(self.instances.values()):
-                if inst.state != READY or inst.http is None or inst.stats.requests == inst.scraped_requests:
+                # A request counts when it starts and its timings land when it ends: publish on either.
+                seen = (inst.stats.requests, inst.stats.tokens_generated)
+                if inst.state != READY or inst.http is None or seen == inst.scraped:
                     continue
-                inst.scraped_requests = inst.stats.requests
+                inst.scraped = seen
                 try:
                     r = await inst.http.get("/metrics", timeout=5.0)
                     if r.status_code == 200:
