@@ -41,8 +41,9 @@ class LaunchDecision:
 
 
 def decide_launch(info: ModelInfo, request: SpecRequest, engine: Engine, *, ctx: int | None = None,
-                  cache_type: str = "f16") -> LaunchDecision:
-    """Choose the speculator and plan memory. Raises for an incompatible draft or a model that does not fit."""
+                  cache_type: str = "f16", workload: str | None = None) -> LaunchDecision:
+    """Choose the speculator and plan memory. Raises for an incompatible draft or a model that does not fit.
+    With `workload`, auto mode takes the tuned profile for it when a fresh one exists (`bostudio tune`)."""
     if request.draft is not None:
         if not request.draft.is_file():
             raise ModelError(f"draft model {request.draft} not found",
@@ -50,7 +51,8 @@ def decide_launch(info: ModelInfo, request: SpecRequest, engine: Engine, *, ctx:
         describe(request.draft)  # a damaged draft is a clear error here, not a crash in llama-server
     devices = discover_devices(engine_devices=engine.devices).devices
     # The pairing table, auto-detection and the compatibility check; an incompatible draft raises here.
-    speculator = choose(info, request, engine, ctx or info.n_ctx_train, devices=devices)[0].speculator
+    speculator = choose(info, request, engine, ctx or info.n_ctx_train, devices=devices,
+                        workload=workload)[0].speculator
     draft_info = describe(speculator.draft) if speculator.draft is not None else None
     # In auto mode the plan may trade a draft for a cheaper speculator when it costs too much context.
     mode = {"auto": "auto", "off": "off"}.get(request.mode, "on")

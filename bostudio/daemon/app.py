@@ -84,6 +84,9 @@ class StartRequest(BaseModel):
     ctx: int | None = Field(None, ge=256, description="context size in tokens")
     port: int | None = Field(None, ge=1, le=65535, description="pin the child's loopback port (tests, debugging)")
     wait: bool = Field(True, description="answer when the model is ready (or failed)")
+    workload: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$",
+                                 description="the tuned profile auto uses (code, edit, chat...); a change "
+                                             "relaunches a running instance")
 
 
 class SpeculationRequest(BaseModel):
@@ -342,7 +345,11 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
     @app.post("/bostudio/instances", tags=["control"], summary="Start (load) a model; waits until ready by default")
     async def start(req: StartRequest) -> dict:
         path = await asyncio.to_thread(sup.locate, req.model)
-        cfg = sup.register(req.model, req.ctx, req.spec, req.port, path)
+        before = sup.configs.get(req.model)
+        old_workload = before.workload if before else None
+        cfg = sup.register(req.model, req.ctx, req.spec, req.port, path, workload=req.workload)
+        if req.workload is not None and req.workload != old_workload and cfg.name in sup.instances:
+            return await settle(await sup.restart(cfg.name), req.wait)  # another workload, maybe another profile
         return await settle(await sup.start(cfg), req.wait)
 
     @app.post("/bostudio/instances/{model}/stop", tags=["control"], summary="Stop an instance (SIGTERM, then SIGKILL)")

@@ -36,6 +36,8 @@ from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import (CrashHistory, LoadWatch, ServerProcess, classify_failure, listening_pid_ok,
                                       log_size, tail)
 from bostudio.speculation import Speculator, parse_spec
+from bostudio.bench.profiles import default_workload, find_profile, speculator_from_json
+from bostudio.bench.tune import DEFAULT_BREAK_EVEN, predicted_break_even
 from bostudio.up import verify_speculation
 
 log = logging.getLogger("bostudio.daemon")
@@ -68,18 +70,42 @@ class ModelConfig:
     ctx: int
     spec: str
     port: int | None = None  # pinned child port (else a free one per launch)
+    workload: str | None = None  # whose tuned profile auto uses (None: config.toml's [workload], else "code")
+    # Under auto, speculation that fell below break-even on a workload stays off until the workload changes.
+    auto_off: str | None = None  # that workload
+    auto_off_reason: str = ""
+
+    def resolved_workload(self) -> str:
+        return self.workload or default_workload(self.name)
 
 
-def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int) -> Plan:
-    """The speculator (pairing table, auto-detection and compatibility check, as for `bostudio up`) and
-    the planner's view of the child as the daemon runs it (llama-server's defaults: 4 slots sharing one
-    f16 KV pool): `chosen.total` decides what gets evicted. Raises PlanError if it cannot fit."""
+def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, workload: str | None = None,
+               fallback: str | None = None) -> Plan:
+    """The speculator (a tuned profile for `workload`, else the pairing table, auto-detection and
+    compatibility check, as for `bostudio up`) and the planner's view of the child as the daemon runs it
+    (llama-server's defaults: 4 slots sharing one f16 KV pool): `chosen.total` decides what gets evicted.
+    `fallback` (why auto gave up on the speculator) runs the profile's next-best kind, else none.
+    Raises PlanError if it cannot fit."""
     devices = discover_devices(engine_devices=engine.devices).devices
     request = parse_spec("auto" if spec_mode == "on" else spec_mode)
-    speculator = choose(info, request, engine, ctx, devices=devices)[0].speculator
+    if fallback is not None:
+        speculator = fallback_speculator(info, engine, workload, fallback)
+    else:
+        speculator = choose(info, request, engine, ctx, devices=devices, workload=workload)[0].speculator
     draft = describe(speculator.draft) if speculator.draft else None
     return plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft,
                            speculation="off" if speculator.kind == "none" else "on")
+
+
+def fallback_speculator(info: ModelInfo, engine: Engine, workload: str | None, why: str) -> Speculator:
+    """After acceptance fell below break-even under auto: the profile's best configuration of another kind
+    that beat off, else no speculation."""
+    found = find_profile(info.path, engine, workload) if workload else None
+    nxt = found.profile.next_best() if found and found.profile else None
+    if nxt is not None and all(t in engine.spec_types for t in nxt.speculator["spec_types"]):
+        return speculator_from_json(nxt.speculator, f"auto: {why}; the next-best profile entry {nxt.label} "
+                                                    f"({nxt.speedup:.2f}x of off when tuned)")
+    return Speculator("none", reason=f"auto: {why}; without speculation until the workload changes")
 
 
 def free_loopback_port() -> int:
@@ -113,6 +139,10 @@ class Instance:
     task: asyncio.Task | None = None
     stopping: bool = False
     scraped_requests: int = 0
+    break_even: float = DEFAULT_BREAK_EVEN  # acceptance below which speculation stops paying
+    break_even_source: str = "default"
+    spec_base: tuple[int, int, int] = (0, 0, 0)  # (drafted, accepted, requests) at the last launch
+    spec_check: dict | None = None  # the last policy.SpecVerdict
 
     @property
     def name(self) -> str:
@@ -135,6 +165,11 @@ class Instance:
             "uptime_s": time.monotonic() - self.ready_since if self.ready_since and self.state == READY else None,
             "idle_s": time.monotonic() - self.last_used, "active_requests": self.active,
             "stats": self.stats.to_json(), "log": str(self.log_path),
+            "workload": self.cfg.workload, "spec_check": self.spec_check,
+            "spec_flagged": bool(self.spec_check and self.spec_check["state"] == "below"),
+            "break_even_source": self.break_even_source,
+            "auto_off": ({"workload": self.cfg.auto_off, "reason": self.cfg.auto_off_reason}
+                         if self.cfg.auto_off else None),
         }
 
 
@@ -187,7 +222,7 @@ class Supervisor:
         return None if model in self.catalog() else resolve_model(model, log=log.info)
 
     def register(self, model: str, ctx: int | None = None, spec: str | None = None,
-                 port: int | None = None, path: Path | None = None) -> ModelConfig:
+                 port: int | None = None, path: Path | None = None, workload: str | None = None) -> ModelConfig:
         """A model named or given by path (control API): its config, updated with what was asked."""
         if path is None and model in self.catalog():
             cfg = self.config_for(model)
@@ -203,6 +238,8 @@ class Supervisor:
             cfg.ctx = ctx
         if port is not None:
             cfg.port = port
+        if workload is not None:
+            cfg.workload = workload  # a new workload: auto may speculate again (auto_off names the old one)
         return cfg
 
     # ------------------------------------------------------------------ the public operations
@@ -400,8 +437,12 @@ class Supervisor:
         # Probing the engine and reading a large GGUF header take a while: not on the event loop.
         engine = await asyncio.to_thread(lambda: self.engine)
         info = await asyncio.to_thread(describe, cfg.path)
-        planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx)
+        workload = await asyncio.to_thread(cfg.resolved_workload)
+        fallback = cfg.auto_off_reason if cfg.spec == "auto" and cfg.auto_off == workload else None
+        planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx, workload, fallback)
         speculator = planned.chosen.speculator
+        inst.break_even, inst.break_even_source = await asyncio.to_thread(
+            predicted_break_even, cfg.path, engine, workload)
         need = planned.chosen.total
         inst.speculator = speculator
         inst.plan = {"bytes": need, "weights_bytes": info.file_size, "ctx": cfg.ctx,
@@ -432,6 +473,8 @@ class Supervisor:
                                       headers={"Authorization": f"Bearer {inst.api_key}"})
         status = await asyncio.to_thread(self._probe, inst)
         inst.spec_status = asdict(status)
+        inst.spec_base = (inst.stats.draft_tokens, inst.stats.draft_accepted, inst.stats.requests)
+        inst.spec_check = None
         inst.ready_since = time.monotonic()
         inst.last_used = time.monotonic()
         self._set_state(inst, READY)
@@ -529,3 +572,39 @@ class Supervisor:
                 except httpx.HTTPError:
                     continue
                 self.bus.publish("stats", model=inst.name, stats=inst.stats.to_json())
+            for inst in list(self.instances.values()):
+                if inst.state == READY:
+                    await self._check_speculation(inst)
+
+    async def _check_speculation(self, inst: Instance) -> None:
+        """Acceptance since launch against the break-even: flag it (ps, events); under auto, relaunch with
+        the next-best profile entry or without speculation at the next idle moment."""
+        d0, a0, r0 = inst.spec_base
+        st = inst.stats
+        verdict = policy.judge_acceptance(st.draft_tokens - d0, st.draft_accepted - a0, st.requests - r0,
+                                          inst.break_even)
+        was = inst.spec_check["state"] if inst.spec_check else None
+        inst.spec_check = dict(verdict.to_json(), break_even_source=inst.break_even_source)
+        speculating = inst.speculator is not None and inst.speculator.kind != "none"
+        action = policy.fallback_action(verdict, inst.cfg.spec, speculating, busy=inst.active > 0)
+        if action == policy.NONE:
+            return
+        if was != "below":
+            log.warning("%s: %s", inst.name, verdict.detail)
+            self.bus.publish("speculation", model=inst.name, flagged=True, check=inst.spec_check,
+                             message=f"{inst.name}: {verdict.detail}" + (
+                                 "; relaunching without it when idle (--spec auto)" if inst.cfg.spec == "auto"
+                                 else f"; kept, since speculation was set to {inst.cfg.spec!r}"))
+        if action == policy.RELAUNCH:
+            workload = await asyncio.to_thread(inst.cfg.resolved_workload)
+            inst.cfg.auto_off, inst.cfg.auto_off_reason = workload, verdict.detail
+            await self.save_slots(inst)
+            self.bus.publish("speculation", model=inst.name, relaunch=True, workload=workload,
+                             message=f"{inst.name}: relaunching with another speculator or none for workload "
+                                     f"{workload!r}: {verdict.detail}")
+            await self.restart(inst.name)
+
+    async def save_slots(self, inst: Instance) -> None:
+        """Hook: save the slots' KV before a relaunch, once the daemon can (issue 10's slot save/restore is
+        not on main yet); until then a relaunch starts with empty slots."""
+        return None
