@@ -291,7 +291,9 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
 
         cfg = sup.config_for(model)
         eng = sup.engine
-        planned = plan_child(describe(cfg.path), cfg.spec, eng, cfg.ctx)
+        workload = cfg.resolved_workload()
+        fallback = cfg.auto_off_reason if cfg.spec == "auto" and cfg.auto_off == workload else None
+        planned = plan_child(describe(cfg.path), cfg.spec, eng, cfg.ctx, workload, fallback)
         sp = planned.chosen.speculator
         argv = build_argv(eng.path, eng.flags, LaunchSpec(cfg.path, cfg.name, 0, ctx=cfg.ctx, speculator=sp))
         return {"model": cfg.name, "ctx": cfg.ctx, "spec_mode": cfg.spec, "speculation": sp.label,
