@@ -112,7 +112,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="code | edit | chat | a prompt FILE; repeat or comma-separate (default: code,edit,chat)")
     p.add_argument("--spec", default=None, metavar="LIST",
                    help="comma-separated configurations besides off: ngram-simple, ngram-map-k, ngram-map-k4v, "
-                        "ngram-mod, ngram-cache, auto, mtp, self-draft[:QUANT], draft:PATH (default: every "
+                        "ngram-mod, ngram-cache, auto[@WORKLOAD] (as `up --workload` runs it: the tuned profile), mtp, "
+                        "self-draft[:QUANT], draft:PATH (default: every "
                         "n-gram variant, plus mtp when the model has the head)")
     p.add_argument("--ctx", default=None, metavar="LIST",
                    help="context sweep, e.g. 4k,16k,32k: the prompt is filled with real code to each length "

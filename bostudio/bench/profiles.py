@@ -171,20 +171,12 @@ def default_workload(model: str, config: Path | None = None) -> str:
         "gemma-3-270m-q4_k_m" = "edit"   # one model (its name in `bostudio ls`)
 
     else "code" (the agent work bostudio is made for)."""
-    import tomllib
-
+    from bostudio.catalog.config import config_table
     from bostudio.errors import ConfigError
 
     config = config or paths.config_file()
-    try:
-        with open(config, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        return DEFAULT_WORKLOAD
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{config}: cannot read config: {exc}", "fix the TOML syntax or remove the file") from exc
-    table = data.get("workload", {})
-    if not isinstance(table, dict) or not all(isinstance(v, str) and v for v in table.values()):
+    table = config_table("workload", config)
+    if not all(isinstance(v, str) and v for v in table.values()):
         raise ConfigError(f"{config}: [workload] maps model names (or `default`) to a workload name",
                           '[workload]\ndefault = "code"')
     return table.get(model) or table.get("default") or DEFAULT_WORKLOAD

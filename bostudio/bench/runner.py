@@ -14,6 +14,7 @@ import httpx
 
 from bostudio import paths
 from bostudio.bench.measure import OFF, Sample
+from bostudio.bench.profiles import default_workload
 from bostudio.bench.workloads import CONTEXT_QUESTION, Task, filler_code
 from bostudio.catalog.resolve import model_name
 from bostudio.daemon.supervisor import free_loopback_port
@@ -53,8 +54,8 @@ def config_names(value: str | None, engine: Engine, info: ModelInfo) -> list[str
 
 
 def resolve_config(name: str, info: ModelInfo, engine: Engine, ctx: int, note: Progress) -> BenchConfig:
-    """A --spec name to a configuration: off, an n-gram variant, auto, ngram, mtp, self-draft[:QUANT],
-    draft:PATH. Drafts go through the pairing's compatibility check, as for `bostudio up`."""
+    """A --spec name to a configuration: off, an n-gram variant, auto[@WORKLOAD] (with the tuned profile, as
+    `up --workload` runs it), ngram, mtp, self-draft[:QUANT], draft:PATH. Drafts go through the pairing's compatibility check, as for `bostudio up`."""
     if name == OFF:
         return BenchConfig(OFF, Speculator("none", reason="baseline"))
     if name in NGRAM_VARIANTS:
@@ -67,13 +68,16 @@ def resolve_config(name: str, info: ModelInfo, engine: Engine, ctx: int, note: P
         path = make_self_draft(info.path, quant, engine, log=note)
         sp = choose(info, SpecRequest("draft", path), engine, ctx)[0].speculator
         return BenchConfig(f"self-draft:{quant}", replace(sp, n_max=sp.n_max or DRAFT_N_MAX))
+    if name == "auto" or name.startswith("auto@"):
+        # auto as `up` runs it: the tuned profile of the workload (after @, else the configured default)
+        workload = name.partition("@")[2] or default_workload(model_name(info.path))
+        sp = choose(info, SpecRequest("auto"), engine, ctx, workload=workload)[0].speculator
+        return BenchConfig(f"auto@{workload}({sp.label})", sp)
     request = parse_spec(name)
     sp = choose(info, request, engine, ctx)[0].speculator
     if request.mode == "draft":
         assert request.draft is not None
         return BenchConfig(f"draft-simple:{request.draft.name}", sp)
-    if request.mode == "auto":
-        return BenchConfig(f"auto({sp.label})", sp)
     return BenchConfig(sp.label, sp)
 
 

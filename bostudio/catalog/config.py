@@ -33,19 +33,27 @@ class CatalogConfig:
     ollama: bool = True
 
 
-def load_catalog_config(path: Path | None = None) -> CatalogConfig:
-    """Read `[catalog]` from config.toml (default: paths.config_file()); a missing file means defaults."""
+def config_table(name: str, path: Path | None = None) -> dict:
+    """The `[name]` table of config.toml (default: paths.config_file()); {} when the file or table is missing.
+    Bad TOML or a `name` that is not a table is a ConfigError naming the file."""
     path = path or paths.config_file()
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
     except FileNotFoundError:
-        return CatalogConfig()
+        return {}
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read config: {exc}", "fix the TOML syntax or remove the file") from exc
-    table = data.get("catalog", {})
+    table = data.get(name, {})
     if not isinstance(table, dict):
-        raise ConfigError(f"{path}: `catalog` must be a table", "write it as [catalog]")
+        raise ConfigError(f"{path}: `{name}` must be a table", f"write it as [{name}]")
+    return table
+
+
+def load_catalog_config(path: Path | None = None) -> CatalogConfig:
+    """Read `[catalog]` from config.toml (default: paths.config_file()); a missing file means defaults."""
+    path = path or paths.config_file()
+    table = config_table("catalog", path)
     for key in table:
         if key not in _KEYS:
             near = difflib.get_close_matches(key, _KEYS, n=1)

@@ -111,17 +111,10 @@ def parse_guardrails(text: str, source: Path) -> tuple[Guardrail, ...]:
 
 def load_allowed(config: Path | None = None) -> frozenset[str]:
     """Rule ids the user overrides: `[guardrails] allow = [...]` in config.toml."""
+    from bostudio.catalog.config import config_table
+
     config = config or paths.config_file()
-    try:
-        with open(config, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        return frozenset()
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{config}: cannot read config: {exc}", "fix the TOML syntax or remove the file") from exc
-    table = data.get("guardrails", {})
-    if not isinstance(table, dict):
-        raise ConfigError(f"{config}: `guardrails` must be a table", "write it as [guardrails]")
+    table = config_table("guardrails", config)
     for key in table:
         if key != "allow":
             raise ConfigError(f"{config}: unknown key `{key}` in [guardrails]", "the only key is `allow`")
