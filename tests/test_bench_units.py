@@ -309,3 +309,74 @@ def test_a_profiles_break_even_decides() -> None:
     st = replay(PROSE)
     v = policy.judge_acceptance(st.draft_tokens, st.draft_accepted, st.requests, break_even=0.15)
     assert v.state == "ok"  # a profile that predicts a low break-even keeps speculation on
+
+
+# ------------------------------------------------------------------ the daemon acting on the policy
+
+def test_daemon_flags_then_relaunches_an_idle_auto_instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor's wiring: flagged in to_json (ps) and in the events; under auto, relaunched once idle,
+    with speculation off for this workload until the workload changes."""
+    import asyncio
+
+    from bostudio.daemon.events import EventBus
+    from bostudio.daemon.supervisor import READY, Instance, ModelConfig, Supervisor, SupervisorOptions
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    bus = EventBus()
+    sup = Supervisor(SupervisorOptions(), bus)
+    restarted: list[str] = []
+
+    async def restart(name: str):  # type: ignore[no-untyped-def]
+        restarted.append(name)
+
+    sup.restart = restart  # type: ignore[method-assign]
+    cfg = ModelConfig("m", tmp_path / "m.gguf", 4096, "auto")
+    inst = Instance(cfg, state=READY, speculator=Speculator("ngram", ("ngram-mod",)))
+    inst.stats = replay(PROSE)
+    inst.active = 1  # a request in flight: flagged, not relaunched
+    sup.instances["m"] = inst
+
+    asyncio.run(sup._check_speculation(inst))
+    row = inst.to_json()
+    assert row["spec_flagged"] and row["spec_check"]["state"] == "below" and restarted == []
+    flagged = [e for e in bus.recent if e["type"] == "speculation"]
+    assert len(flagged) == 1 and flagged[0]["flagged"] and "relaunching without it when idle" in flagged[0]["message"]
+
+    inst.active = 0  # the next idle moment
+    asyncio.run(sup._check_speculation(inst))
+    assert restarted == ["m"] and cfg.auto_off == "code" and "below the break-even" in cfg.auto_off_reason
+    assert any(e.get("relaunch") for e in bus.recent if e["type"] == "speculation")
+    assert inst.to_json()["auto_off"]["workload"] == "code"
+    # the same policy under an explicit mode only flags
+    inst2 = Instance(ModelConfig("n", tmp_path / "n.gguf", 4096, "ngram"), state=READY,
+                     speculator=Speculator("ngram", ("ngram-mod",)))
+    inst2.stats = replay(PROSE)
+    asyncio.run(sup._check_speculation(inst2))
+    assert inst2.to_json()["spec_flagged"] and restarted == ["m"]
+    # another workload: auto may speculate again (auto_off names the old one)
+    sup.configs["m"] = cfg
+    sup.register("m", workload="edit")
+    assert cfg.resolved_workload() == "edit" != cfg.auto_off
+
+
+def test_fallback_takes_the_next_best_kind_else_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bostudio.daemon.supervisor import fallback_speculator
+    from bostudio.gguf import describe
+    from tests.gguf_factory import tiny_llama
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    info = describe(tiny_llama(tmp_path / "t.gguf"))
+    eng = fake_engine(tmp_path)
+    os.utime(eng.path, (time.time() - 100, time.time() - 100))
+    sp = fallback_speculator(info, eng, "code", "acceptance 20% is below the break-even of 55%")
+    assert sp.kind == "none" and "until the workload changes" in sp.reason  # no profile
+    p = make_profile(info.path, eng, "code", time.time() + 5)
+    mtp = replace(tally("mtp", [(50, 40)]).measured(), label="mtp n_max=2",
+                  speculator=speculator_json_mtp())
+    profiles.save_profile(replace(p, by_kind={"ngram": p.chosen, "mtp": mtp}))
+    sp = fallback_speculator(info, eng, "code", "acceptance 20% is below the break-even of 55%")
+    assert sp.kind == "mtp" and sp.n_max == 2 and "next-best profile entry mtp n_max=2" in sp.reason
+
+
+def speculator_json_mtp() -> dict:
+    return profiles.speculator_to_json(Speculator("mtp", ("draft-mtp",), n_max=2))
