@@ -15,7 +15,8 @@ OFF = "off"
 
 @dataclass(frozen=True)
 class Sample:
-    """One request's figures. `run` pairs samples: the same prompt sent to every configuration."""
+    """One request's figures. `run` identifies the prompt: samples with the same `run` (and workload and
+    ctx) got the same prompt, one per configuration, and are paired."""
 
     workload: str
     ctx: int | None  # the context-sweep length, None for the workloads' own prompts

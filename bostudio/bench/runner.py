@@ -146,15 +146,16 @@ class Bench:
                               f"see the log: {server.proc.log_path}")
         return timings
 
-    def round(self, workload: str, ctx: int | None, run: int, prompt: str | list[int], tokens: int,
-              step: Callable[[str, dict], None]) -> list[Sample]:
-        """The same prompt to every configuration; the order rotates with the run (A B, then B A ...)."""
-        k = run % len(self.servers)
+    def round(self, workload: str, ctx: int | None, prompt_id: int, prompt: str | list[int], tokens: int,
+              step: Callable[[str, dict], None], rotate: int = 0) -> list[Sample]:
+        """The same prompt to every configuration; the order rotates with `rotate` (A B, then B A ...).
+        `prompt_id` pairs the samples of this prompt."""
+        k = rotate % len(self.servers)
         order = self.servers[k:] + self.servers[:k]
         out = []
         for s in order:
             t = self.send(s, prompt, tokens)
-            out.append(Sample.from_timings(workload, ctx, s.config.label, run, t))
+            out.append(Sample.from_timings(workload, ctx, s.config.label, prompt_id, t))
             step(s.config.label, t)
         return out
 
@@ -220,18 +221,21 @@ def run(bench: Bench, plan: Plan, progress: Callable[[int, int, str], None]) -> 
                                        f"{t.get('draft_n_accepted', 0)}/{t.get('draft_n', 0)} accepted")
         return step
 
+    prompt_id = 0
     for r in range(plan.runs):
-        for i, (name, tasks) in enumerate(plan.workloads.items()):
+        for name, tasks in plan.workloads.items():
             for j, task in enumerate(tasks):
-                variant = 0 if plan.repeat else r + 1000 * j + 100 * i
+                variant = 0 if plan.repeat else r + 31 * j  # tasks of one workload read different code
                 tokens = plan.tokens or task.tokens
                 what = f"run {r + 1}/{plan.runs} {name}/{task.name}"
-                samples += bench.round(name, None, r, task.prompt(variant), tokens, stepper(what))
+                samples += bench.round(name, None, prompt_id, task.prompt(variant), tokens, stepper(what), r)
+                prompt_id += 1
         for length in plan.ctx_sweep:
             tokens = plan.tokens or 64
             prompt = bench.context_prompt(length - tokens - 8, 0 if plan.repeat else r)
-            samples += bench.round("context", length, r, prompt, tokens,
-                                   stepper(f"run {r + 1}/{plan.runs} context {length}"))
+            samples += bench.round("context", length, prompt_id, prompt, tokens,
+                                   stepper(f"run {r + 1}/{plan.runs} context {length}"), r)
+            prompt_id += 1
     return samples
 
 

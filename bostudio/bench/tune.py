@@ -209,8 +209,14 @@ def run_tune(model_path: Path, engine, workload: str, tasks, budget_s: float, to
                         task = tasks[(variant + i) % len(tasks)]
                         prompt = task.prompt(variant + i + 7 * rounds)
                         n = tokens or task.tokens
-                        b = base.round(workload, None, len(t.samples), prompt, n, lambda *_: None)[0]
-                        s = cand.round(workload, None, len(t.samples), prompt, n, lambda *_: None)[0]
+                        pid = len(t.samples)
+                        # the baseline and the candidate alternate who goes first (drift hits both alike)
+                        if pid % 2 == 0:
+                            b = base.round(workload, None, pid, prompt, n, lambda *_: None)[0]
+                            s = cand.round(workload, None, pid, prompt, n, lambda *_: None)[0]
+                        else:
+                            s = cand.round(workload, None, pid, prompt, n, lambda *_: None)[0]
+                            b = base.round(workload, None, pid, prompt, n, lambda *_: None)[0]
                         t.baseline.append(b)
                         t.samples.append(s)
                         baseline_tok.append(b.tok_s)
