@@ -68,9 +68,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         draft = make_self_draft(model, args.self_draft, engine, log=_note)
     names = [w for arg in args.workload for w in arg.split(",") if w] if args.workload else ["code"]
     out = []
+    budget = args.budget_s / len(names)
     for name, tasks in resolve_workloads(names).items():
-        _note(f"tuning {model.name} for workload {name!r} within {args.budget_s:.0f} s")
-        res = run_tune(model, engine, name, tasks, args.budget_s / len(names), args.tokens, draft,
+        _note(f"tuning {model.name} for workload {name!r} within {budget:.0f} s")
+        res = run_tune(model, engine, name, tasks, budget, args.tokens, draft,
                        lambda m: _note(f"tune: {m}"))
         out.append(res)
     if args.json:

@@ -6,6 +6,7 @@ I/O lives here (processes, HTTP); the figures are computed by `measure.summarise
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -108,7 +109,7 @@ class Bench:
         return build_argv(self.engine.path, self.engine.flags, spec)
 
     def __enter__(self) -> "Bench":
-        logdir = paths.logs_dir() / "bench"
+        logdir = paths.logs_dir() / "bench" / str(os.getpid())  # concurrent benches keep their own logs
         try:
             for c in self.configs:
                 port = free_loopback_port()

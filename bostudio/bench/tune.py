@@ -37,35 +37,45 @@ def _ng(variant: str, **params: int) -> Candidate:
 
 
 def candidates(engine_spec_types: Sequence[str], has_mtp: bool, draft: Path | None) -> list[Candidate]:
-    """The sweep, most promising first (a tight budget keeps the head of the list): the n-gram types and
-    their sizes, draft n_max 1..8 and p_min, MTP n_max, and n-gram + draft combinations."""
+    """The sweep: the n-gram types and their sizes, draft n_max 1..8 and p_min, MTP n_max, and n-gram + draft
+    combinations. Ordered so that a tight budget still sees every kind: first llama.cpp's default of each
+    type, then the parameter variants."""
     have = set(engine_spec_types)
-    out: list[Candidate] = []
+    first: list[Candidate] = []
+    then: list[Candidate] = []
     if "ngram-mod" in have:
-        out += [_ng("ngram-mod"), _ng("ngram-mod", n_match=12, n_min=8, n_max=32),
-                _ng("ngram-mod", n_match=16, n_min=16, n_max=48)]
+        first.append(_ng("ngram-mod"))
+        then += [_ng("ngram-mod", n_match=12, n_min=8, n_max=32), _ng("ngram-mod", n_match=16, n_min=16, n_max=48)]
     if "ngram-simple" in have:
-        out += [_ng("ngram-simple"), _ng("ngram-simple", size_n=6, size_m=16), _ng("ngram-simple", size_n=3, size_m=8)]
+        first.append(_ng("ngram-simple"))
+        then += [_ng("ngram-simple", size_n=6, size_m=16), _ng("ngram-simple", size_n=3, size_m=8)]
     if "ngram-map-k" in have:
-        out += [_ng("ngram-map-k"), _ng("ngram-map-k", size_n=6, size_m=16)]
+        first.append(_ng("ngram-map-k"))
+        then.append(_ng("ngram-map-k", size_n=6, size_m=16))
     if "ngram-map-k4v" in have:
-        out += [_ng("ngram-map-k4v")]
+        first.append(_ng("ngram-map-k4v"))
     if "ngram-cache" in have:
-        out += [_ng("ngram-cache")]
+        first.append(_ng("ngram-cache"))
     if has_mtp and "draft-mtp" in have:
-        out += [Candidate(f"mtp n_max={n}", Speculator("mtp", ("draft-mtp",), n_max=n, reason=f"tuned: MTP n_max={n}"))
-                for n in (1, 2, 3, 4)]
+        mtp = [Candidate(f"mtp n_max={n}", Speculator("mtp", ("draft-mtp",), n_max=n, reason=f"tuned: MTP n_max={n}"))
+               for n in (3, 1, 2, 4)]
+        first.append(mtp[0])
+        then += mtp[1:]
     if draft is not None and "draft-simple" in have:
-        for n in (1, 2, 3, 4, 6, 8):
+        drafts = []
+        for n in (3, 1, 2, 4, 6, 8):
             for p in (0.0, 0.5):
                 label = f"draft-simple n_max={n}" + (f" p_min={p:g}" if p else "")
-                out.append(Candidate(label, Speculator("draft", ("draft-simple",), draft=draft, n_max=n,
-                                                       p_min=p or None, reason=f"tuned: {label} with {draft.name}")))
+                drafts.append(Candidate(label, Speculator("draft", ("draft-simple",), draft=draft, n_max=n,
+                                                          p_min=p or None,
+                                                          reason=f"tuned: {label} with {draft.name}")))
+        first.append(drafts[0])
+        then += drafts[1:]
         if "ngram-simple" in have:
-            out.append(Candidate("ngram-simple + draft-simple n_max=4", Speculator(
+            then.append(Candidate("ngram-simple + draft-simple n_max=4", Speculator(
                 "draft", ("ngram-simple", "draft-simple"), draft=draft, n_max=4,
                 reason=f"tuned: ngram-simple with draft-simple n_max=4 ({draft.name})")))
-    return out
+    return first + then
 
 
 @dataclass
