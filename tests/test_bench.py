@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-BENCH_TIMEOUT_S = 1200
+BENCH_TIMEOUT_S = 1500
+# A shared, busy 2-core machine decodes the 270M model at 1-3 tok/s: these runs take minutes.
+pytestmark = pytest.mark.timeout(1800)
 
 
 def _env(tmp: Path) -> dict[str, str]:
@@ -20,11 +22,11 @@ def _env(tmp: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def bench(gemma_gguf: Path, engine, tmp_path_factory) -> dict:
-    """One short bench: the code workload, a context sweep, off vs two n-gram variants, one run."""
+    """One short bench: the chat workload (one task), a context sweep, off vs two n-gram variants, one run."""
     tmp = tmp_path_factory.mktemp("bench")
     png = tmp / "chart.png"
     proc = subprocess.run([sys.executable, "-m", "bostudio", "bench", str(gemma_gguf), "--json", "--runs", "1",
-                           "--tokens", "16", "--workload", "code", "--spec", "ngram-simple,ngram-mod",
+                           "--tokens", "12", "--workload", "chat", "--spec", "ngram-simple,ngram-mod",
                            "--ctx", "1k", "--plot", str(png)],
                           capture_output=True, text=True, env=_env(tmp), timeout=BENCH_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -37,7 +39,7 @@ def test_bench_json_has_every_field_of_the_contract(bench) -> None:
     keys = {"workload", "ctx", "config", "tok_s_median", "tok_s_min", "tok_s_max", "speedup", "speedup_min",
             "speedup_max", "acceptance", "accept_len", "prompt_tok_s", "drafted", "accepted"}
     rows = doc["results"]
-    assert {(r["workload"], r["ctx"]) for r in rows} == {("code", None), ("context", 1024)}
+    assert {(r["workload"], r["ctx"]) for r in rows} == {("chat", None), ("context", 1024)}
     assert {r["config"] for r in rows} == {"off", "ngram-simple", "ngram-mod"}
     assert len(rows) == 6 and all(set(r) >= keys for r in rows)
     proj = doc["projection"]
@@ -61,14 +63,12 @@ def test_bench_figures_are_consistent(bench) -> None:
         if r["drafted"]:
             assert r["acceptance"] == pytest.approx(r["accepted"] / r["drafted"])
             assert r["accept_len"] >= 1.0
-    # the code workload has three tasks: three samples per configuration in one run
-    assert by[("code", None, "off")]["tok_s_min"] <= by[("code", None, "off")]["tok_s_max"]
 
 
 def test_bench_progress_goes_to_stderr(bench) -> None:
     lines = [ln for ln in bench["stderr"].splitlines() if ln.startswith("bench [")]
-    # 3 code tasks + 1 sweep length, x 3 configurations
-    assert len(lines) == 12 and lines[-1].split()[2] == "12/12"
+    # 1 chat task + 1 sweep length, x 3 configurations
+    assert len(lines) == 6 and lines[-1].split()[2] == "6/6"
 
 
 def test_bench_png_is_a_valid_image(bench) -> None:
@@ -77,7 +77,7 @@ def test_bench_png_is_a_valid_image(bench) -> None:
     png: Path = bench["png"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     img = matplotlib.image.imread(png)
-    assert img.shape[0] > 100 and img.shape[1] > 300  # two panels: the sweep and the code workload
+    assert img.shape[0] > 100 and img.shape[1] > 300  # two panels: the sweep and the chat workload
     assert bench["doc"]["plot"] == str(png)
 
 
@@ -92,7 +92,7 @@ def test_bench_refuses_a_bad_spec_in_one_line(gemma_gguf: Path, tmp_path: Path) 
 def tuned(gemma_gguf: Path, engine, tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("tune")
     proc = subprocess.run([sys.executable, "-m", "bostudio", "tune", str(gemma_gguf), "--workload", "edit",
-                           "--budget-s", "150", "--tokens", "24", "--json"],
+                           "--budget-s", "120", "--tokens", "16", "--json"],
                           capture_output=True, text=True, env=_env(tmp), timeout=BENCH_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {"out": json.loads(proc.stdout)[0], "tmp": tmp, "stderr": proc.stderr}
