@@ -21,7 +21,7 @@ def _print_json(data: object) -> None:
 def cmd_engine_build(args: argparse.Namespace) -> int:
     from bostudio.engine.build import build_engine
 
-    eng = build_engine(args.backend, jobs=args.jobs, force=args.force,
+    eng = build_engine(args.backend, jobs=args.jobs, force=args.force, portable=args.portable or None,
                        log=lambda m: print(m, file=sys.stderr))
     print(eng.server)
     return 0
@@ -124,13 +124,14 @@ def _local_devices(engine_path: str | None):  # type: ignore[no-untyped-def]
         problems.append(f"engine: {engine.path}: {engine.problem}")
         engine = None
     result = discover_devices(engine_devices=engine.devices if engine else None)
-    return result.devices, tuple(problems) + result.problems, engine.path if engine else None
+    return result.devices, tuple(problems) + result.problems, engine
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
     from bostudio.planner.render import _size
 
-    devices, problems, server = _local_devices(args.engine)
+    devices, problems, engine = _local_devices(args.engine)
+    server = engine.path if engine else None
     if args.json:
         _print_json({"devices": [d.to_json() for d in devices], "problems": list(problems),
                      "engine": str(server) if server else None})
@@ -159,20 +160,25 @@ def _resolve_model(name: str):  # type: ignore[no-untyped-def]
 def cmd_plan(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from bostudio.engine.discover import find_engine
     from bostudio.errors import ConfigError
+    from bostudio.gguf import describe
     from bostudio.hardware import load_devices_file
-    from bostudio.planner import MTP_SPEC, NGRAM_SPEC, NO_SPEC, Intent, plan
+    from bostudio.pairing.pair import choose
+    from bostudio.planner import Intent, plan
     from bostudio.planner.memory import GIB, cache_type
     from bostudio.planner.render import plan_json, render_plan
-    from bostudio.speculation import DRAFT_N_MAX, Speculator, parse_spec
+    from bostudio.speculation import parse_spec
 
     model = _resolve_model(args.model)
     cache_type(args.cache_type)
     cache_type(args.draft_cache_type)
     if args.devices_file:
         devices = load_devices_file(Path(args.devices_file))
+        engine = find_engine(args.engine)  # its spec types decide what can be paired
     else:
-        devices, _problems, _server = _local_devices(args.engine)
+        devices, _problems, engine = _local_devices(args.engine)
+        engine = engine or find_engine(args.engine)  # raises with what to do when there is none
     if args.device:
         wanted = {w.strip() for w in args.device.split(",") if w.strip()}
         picked = tuple(d for d in devices if not d.is_gpu or d.label in wanted or d.name in wanted)
@@ -182,17 +188,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
                               f"devices: {', '.join(d.label for d in devices)}")
         devices = picked
     req = parse_spec(args.spec)
-    draft = None
-    if req.mode == "off":
-        speculator = NO_SPEC
-    elif req.mode == "draft":
-        assert req.draft is not None
-        draft = _resolve_model(str(req.draft))
-        speculator = Speculator("draft", ("draft-simple",), draft=draft.path, n_max=DRAFT_N_MAX)
-    elif req.mode == "ngram" or (req.mode == "auto" and not model.mtp_usable):
-        speculator = NGRAM_SPEC
-    else:  # mtp, or auto on a model with its own MTP head
-        speculator = MTP_SPEC
+    if req.draft is not None and not req.draft.is_file():
+        req = parse_spec(f"draft:{_resolve_model(str(req.draft)).path}")  # a catalog name for the draft
+    # One choice everywhere: the pairing tables, auto-detection and the compatibility check, exactly
+    # as `up`, `pair` and the daemon choose (launch.decide_launch uses the same context).
+    speculator = choose(model, req, engine, args.ctx or model.n_ctx_train, devices=devices)[0].speculator
+    draft = describe(speculator.draft) if speculator.draft is not None else None
     spec_mode = "off" if req.mode == "off" else args.spec_mode
     intent = Intent(ctx=args.ctx, min_ctx=args.min_ctx, speculation=spec_mode,
                     cache_type_k=args.cache_type, cache_type_v=args.cache_type,
@@ -200,9 +201,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     n_parallel=args.parallel, reserve=int(args.reserve_gib * GIB))
     p = plan(model, devices, intent, speculator, draft)
     if args.json:
-        _print_json(plan_json(p))
+        _print_json(dict(plan_json(p), speculation=speculator.label, reason=speculator.reason,
+                         draft=str(speculator.draft) if speculator.draft else None))
     else:
         print(render_plan(p))
+        print(f"speculator: {speculator.label} ({speculator.reason})")
     return 0 if p.chosen.fits else 1
 
 
@@ -214,7 +217,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.daemon:
         return cmd_up_daemon(args)
     return run_up(UpOptions(model=args.model, ctx=args.ctx, cache_type=args.cache_type, spec=args.spec,
-                            port=args.port or 8080, host=args.host, engine=args.engine, workload=args.workload))
+                            port=args.port or 8080, host=args.host, engine=args.engine, pull=args.pull,
+                            workload=args.workload))
 
 
 # ---------------------------------------------------------------- pair
@@ -235,6 +239,8 @@ def cmd_pair(args: argparse.Namespace) -> int:
     def note(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    if args.table:
+        return _print_pairing_table(args.json)
     request = parse_spec(args.spec)
     model = resolve_model(args.model, log=note)
     engine = find_engine(args.engine)
@@ -263,9 +269,31 @@ def cmd_pair(args: argparse.Namespace) -> int:
         state = "chosen" if i == sel.chosen else ("usable" if c.usable else "passed over")
         print(f"  {mark} {c.label:<40} {_mib(c.memory_bytes):>10}  {state}: {c.why}")
         print(f"      from {c.origin}" + (f"; note: {c.note}" if c.note else ""))
+        if c.hub:
+            print(f"      hub ref {c.hub}" + (f"; source: {c.evidence}" if c.evidence else ""))
     if report.tables:
         print(f"  tables     : {', '.join(str(t) for t in report.tables)}")
     return 0 if sel.chosen is not None or request.mode == "off" else 1
+
+
+def _print_pairing_table(as_json: bool) -> int:
+    from bostudio.pairing.fetch import table_hub_report
+    from bostudio.pairing.table import load_pairings
+
+    report = table_hub_report(load_pairings())
+    if as_json:
+        _print_json(report)
+        return 0
+    for e in report:
+        match = ", ".join(e["match"]["name"] + e["match"]["architecture"] + e["match"]["tokenizer"]) or "every model"
+        print(f"{e['entry']}: {e['note']}  [matches {match}]")
+        for i, c in enumerate(e["candidates"], 1):
+            print(f"  {i}. {c['kind']:<7} {c['what']}")
+            if c["source"]:
+                print(f"     source: {c['source']}")
+            elif not c["hub"] and c["note"] and "verified" in c["note"]:
+                print(f"     note  : {c['note']}")
+    return 0
 
 
 def cmd_up_daemon(args: argparse.Namespace) -> int:
@@ -302,8 +330,12 @@ def _daemon_options(args: argparse.Namespace):
     from bostudio.daemon.service import DaemonOptions
     from bostudio.daemon.supervisor import SupervisorOptions
 
+    from bostudio.pairing.fetch import resolve_pull_policy
+
+    pull = resolve_pull_policy(args.pull, interactive=False)
     sup = SupervisorOptions(engine=args.engine, memory_budget=int(args.memory_budget * (1 << 20)),
-                            idle_ttl=args.idle_ttl, stall_timeout=args.stall_timeout)
+                            idle_ttl=args.idle_ttl, stall_timeout=args.stall_timeout,
+                            pull="never" if pull == "ask" else pull)
     return DaemonOptions(host=args.host, port=args.port, require_token=args.require_token,
                          allow_hosts=tuple(args.allow_host), supervisor=sup)
 
@@ -313,6 +345,7 @@ def _daemon_args(args: argparse.Namespace) -> list[str]:
     out = ["--memory-budget", str(args.memory_budget), "--idle-ttl", str(args.idle_ttl),
            "--stall-timeout", str(args.stall_timeout)]
     out += ["--engine", args.engine] if args.engine else []
+    out += ["--pull", args.pull] if args.pull else []
     out += ["--require-token"] if args.require_token else []
     for h in args.allow_host:
         out += ["--allow-host", h]
@@ -445,7 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bostudio",
         description="Speculative decoding for llama.cpp, one switch: find or build llama-server, "
-                    "pair models with speculators, launch and verify.")
+                    "pair models with speculators, launch and verify. Without a COMMAND it opens the "
+                    "terminal UI (`bostudio tui`).")
     parser.add_argument("--version", action="version", version=f"bostudio {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -469,6 +503,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address to bind (default 127.0.0.1, loopback only)")
     p.add_argument("--engine", default=None, metavar="PATH",
                    help="llama-server binary to use (default: the best one found, see `engine list`)")
+    p.add_argument("--pull", choices=("ask", "always", "never"), default=None,
+                   help="may a drafter the pairing table names be downloaded from the hub? ask (default on a "
+                        "terminal: shows its size, memory and why, then asks), always, never (default headless); "
+                        "or [pull] policy in config.toml. A declined or failed pull falls back to the next "
+                        "candidate")
     p.add_argument("--daemon", action="store_true",
                    help="load MODEL in the bostudio daemon (started in the background if none runs), print "
                         "the summary and return; the model keeps serving on the daemon's one endpoint")
@@ -495,6 +534,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--self-draft", default=None, metavar="QUANT",
                    help="first make a low-bit copy of MODEL (Q2_K, Q3_K_S, IQ2_XXS...) with llama-quantize "
                         "and record it as MODEL's draft in your pairings.toml")
+    p.add_argument("--table", action="store_true",
+                   help="instead of one model: every pairing table entry, what each candidate would use and "
+                        "from where (the hub ref it would fetch), with the source of that reference")
     p.add_argument("--no-probe", action="store_true",
                    help="skip tokenizing the probe corpus with both models of a draft pair")
     p.add_argument("--engine", default=None, metavar="PATH",
@@ -527,8 +569,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-cache-type", default="f16", metavar="TYPE",
                    help="the draft's KV cache type for -ctkd/-ctvd (default f16, llama.cpp's default)")
     p.add_argument("--spec", default="auto", metavar="SPEC",
-                   help="auto | off | ngram | mtp | draft:PATH (default auto: the model's MTP head if it "
-                        "has one, else n-gram)")
+                   help="auto | off | ngram | mtp | draft:PATH (default auto: chosen as `up`, `pair` and the "
+                        "daemon choose: pairing tables, auto-detection, compatibility check)")
     p.add_argument("--spec-mode", choices=("auto", "on", "off"), default="auto",
                    help="auto: keep the speculator only if the minimum context still fits (default); "
                         "on: keep it or fail; off: plan without it")
@@ -562,6 +604,10 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--stall-timeout", type=float, default=120, metavar="S",
                         help="kill a loading llama-server silent for S seconds (default 120); one that prints "
                              "progress is never killed for slowness")
+    common.add_argument("--pull", choices=("always", "never"), default=None,
+                        help="may a drafter the pairing table names be downloaded from the hub when a model loads? "
+                             "(default: [pull] policy in config.toml, else never; `ask` counts as never, as no one "
+                             "can answer in a daemon)")
     common.add_argument("--require-token", action="store_true",
                         help="require the token even on loopback (always required on other addresses)")
     common.add_argument("--allow-host", action="append", default=[], metavar="NAME",
@@ -603,6 +649,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--show", action="store_true", help="print the token instead of the file's path")
     d.set_defaults(func=cmd_daemon_token)
 
+    p = sub.add_parser("tui", help="the terminal UI (also: `bostudio` with no arguments)",
+                       description="Open the terminal UI: devices, the model catalog with pairings, the memory "
+                                   "plan (edit context, KV type, speculation), launch with one key, live stats "
+                                   "and logs, bench. It is a client of the daemon and starts one in the "
+                                   "background if none runs. F1-F5 switch screens, Ctrl+Q quits.")
+    p.add_argument("--host", default=None, metavar="H", help=f"address for a daemon it starts (default {DEFAULT_HOST})")
+    p.add_argument("--port", type=int, default=None, metavar="P",
+                   help=f"port for a daemon it starts (default {DEFAULT_PORT}); a running daemon is used as it is")
+    p.add_argument("--engine", default=None, metavar="PATH", help="llama-server for a daemon it starts")
+    p.set_defaults(func=cmd_tui)
+
     p = sub.add_parser("ps", help="list the models the daemon runs, with live stats",
                        description="List the daemon's instances: state, pid, port, speculation, decode tok/s, "
                                    "draft acceptance rate, mean accepted length, requests served.")
@@ -631,6 +688,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "when its toolkit is installed)")
     b.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel compile jobs (default: all cores)")
     b.add_argument("--force", action="store_true", help="rebuild even if a cached build exists")
+    b.add_argument("--portable", action="store_true",
+                   help="build without -march=native (ggml's default instruction set: AVX2 on x86-64), "
+                        "cached separately and ranked below the native build; also "
+                        "BOSTUDIO_ENGINE_PORTABLE=1. Use it with LLAMA_SERVER=... or --engine")
     b.set_defaults(func=cmd_engine_build)
     b = esub.add_parser("list", help="list usable llama-server engines",
                         description="Show every llama-server bostudio can use (built ones, one on PATH, "
@@ -678,9 +739,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cmd_tui(args: argparse.Namespace) -> int:
+    from bostudio.tui import run_tui
+
+    extra = ["--engine", args.engine] if getattr(args, "engine", None) else []
+    return run_tui(getattr(args, "host", None), getattr(args, "port", None), extra)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv or ["tui"])  # no arguments: the TUI
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

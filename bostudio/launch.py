@@ -11,7 +11,7 @@ from bostudio.engine.discover import Engine
 from bostudio.errors import ModelError
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware import discover_devices
-from bostudio.pairing.pair import choose
+from bostudio.pairing.fetch import AskFn, choose_and_fetch
 from bostudio.planner import Plan, plan_for_launch
 from bostudio.speculation import SpecRequest
 
@@ -41,9 +41,11 @@ class LaunchDecision:
 
 
 def decide_launch(info: ModelInfo, request: SpecRequest, engine: Engine, *, ctx: int | None = None,
-                  cache_type: str = "f16", workload: str | None = None) -> LaunchDecision:
-    """Choose the speculator and plan memory. Raises for an incompatible draft or a model that does not fit.
-    With `workload`, auto mode takes the tuned profile for it when a fresh one exists (`bostudio tune`)."""
+                  cache_type: str = "f16", pull: str = "never", ask: AskFn | None = None,
+                  log=lambda _: None, workload: str | None = None) -> LaunchDecision:  # type: ignore[no-untyped-def]
+    """Choose the speculator (fetching a hub drafter as the pull policy allows) and plan memory. Raises for
+    an incompatible draft or a model that does not fit. With `workload`, auto mode takes the tuned profile for it
+    when a fresh one exists (`bostudio tune`)."""
     if request.draft is not None:
         if not request.draft.is_file():
             raise ModelError(f"draft model {request.draft} not found",
@@ -51,8 +53,11 @@ def decide_launch(info: ModelInfo, request: SpecRequest, engine: Engine, *, ctx:
         describe(request.draft)  # a damaged draft is a clear error here, not a crash in llama-server
     devices = discover_devices(engine_devices=engine.devices).devices
     # The pairing table, auto-detection and the compatibility check; an incompatible draft raises here.
-    speculator = choose(info, request, engine, ctx or info.n_ctx_train, devices=devices,
-                        workload=workload)[0].speculator
+    speculator = choose_and_fetch(info, request, engine, ctx or info.n_ctx_train, devices=devices, policy=pull,
+                                  ask=ask, log=log, workload=workload).speculator
+    if speculator.draft is not None and not speculator.draft.is_file():
+        raise ModelError(f"the chosen draft {speculator.draft} is not on this machine",
+                         "run `bostudio pair` to see why")
     draft_info = describe(speculator.draft) if speculator.draft is not None else None
     # In auto mode the plan may trade a draft for a cheaper speculator when it costs too much context.
     mode = {"auto": "auto", "off": "off"}.get(request.mode, "on")

@@ -20,6 +20,7 @@ from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import ConfigError, PortInUseError, ServerError
 from bostudio.gguf import describe
 from bostudio.launch import decide_launch
+from bostudio.pairing.fetch import interactive_ask, resolve_pull_policy
 from bostudio.planner import Plan
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import ServerProcess, tail
@@ -40,6 +41,7 @@ class UpOptions:
     host: str = "127.0.0.1"
     engine: str | None = None
     workload: str | None = None  # the tuned profile to use in auto mode; None: config.toml's, else "code"
+    pull: str | None = None  # ask | always | never; None: config.toml [pull], else ask on a terminal, never headless
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,10 @@ def prepare_launch(opts: UpOptions, note=print) -> Prepared:  # type: ignore[no-
     check_port_free(opts.host, opts.port)
     engine = find_engine(opts.engine)
     workload = opts.workload or default_workload(model_name(model))
-    decision = decide_launch(info, request, engine, ctx=opts.ctx, cache_type=opts.cache_type, workload=workload)
+    policy = resolve_pull_policy(opts.pull)
+    decision = decide_launch(info, request, engine, ctx=opts.ctx, cache_type=opts.cache_type, pull=policy,
+                             ask=interactive_ask() if policy == "ask" else None, log=note,
+                             workload=workload)
     launch = decision.launch_spec(model, model_name(model), opts.port, opts.host)
     return Prepared(engine, launch, decision.plan, build_argv(engine.path, engine.flags, launch))
 

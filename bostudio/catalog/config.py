@@ -33,18 +33,23 @@ class CatalogConfig:
     ollama: bool = True
 
 
-def config_table(name: str, path: Path | None = None) -> dict:
-    """The `[name]` table of config.toml (default: paths.config_file()); {} when the file or table is missing.
-    Bad TOML or a `name` that is not a table is a ConfigError naming the file."""
+def read_config(path: Path | None = None) -> dict:
+    """The parsed config.toml (default: paths.config_file()); {} when there is none."""
     path = path or paths.config_file()
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            return tomllib.load(f)
     except FileNotFoundError:
         return {}
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read config: {exc}", "fix the TOML syntax or remove the file") from exc
-    table = data.get(name, {})
+
+
+def config_table(name: str, path: Path | None = None) -> dict:
+    """The `[name]` table of config.toml (default: paths.config_file()); {} when the file or table is missing.
+    Bad TOML or a `name` that is not a table is a ConfigError naming the file."""
+    path = path or paths.config_file()
+    table = read_config(path).get(name, {})
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: `{name}` must be a table", f"write it as [{name}]")
     return table

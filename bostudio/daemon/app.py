@@ -82,6 +82,7 @@ class StartRequest(BaseModel):
     model: str = Field(description="a model name (GET /v1/models) or a GGUF path on the daemon's machine")
     spec: str | None = Field(None, description="speculation: on | off | auto | ngram | mtp | draft:PATH")
     ctx: int | None = Field(None, ge=256, description="context size in tokens")
+    cache_type: str | None = Field(None, max_length=16, description="KV cache type: f16, q8_0, q4_0, ...")
     port: int | None = Field(None, ge=1, le=65535, description="pin the child's loopback port (tests, debugging)")
     wait: bool = Field(True, description="answer when the model is ready (or failed)")
     workload: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$",
@@ -263,6 +264,18 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         data.pop("flags", None)
         return data
 
+    @app.get("/bostudio/engines", tags=["control"],
+             summary="Every llama-server found (built, LLAMA_SERVER, PATH): backends, spec types; `in_use` marks the daemon's")
+    async def engines() -> dict:
+        from bostudio.engine.discover import discover_engines
+
+        found = await asyncio.to_thread(discover_engines)
+        current = await asyncio.to_thread(lambda: sup.engine)
+        return {"engines": [{"path": str(e.path), "source": e.source, "version": e.version,
+                             "backends": list(e.backends), "spec_types": list(e.spec_types),
+                             "devices": [d.name for d in e.devices], "problem": e.problem,
+                             "in_use": e.path == current.path} for e in found]}
+
     @app.get("/bostudio/catalog", tags=["control"], summary="Models the daemon can serve, from their GGUF headers")
     async def catalog() -> dict:
         from bostudio.gguf import describe
@@ -280,44 +293,76 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         return {"models": out}
 
     @app.get("/bostudio/plans/{model}", tags=["control"],
-             summary="The launch plan for a model: speculator, memory estimate, argv")
-    async def plan(model: str) -> dict:
-        return await asyncio.to_thread(plan_for, model)
+             summary="The launch plan for a model: speculator, memory per device and component, argv; "
+                     "ctx, cache_type and spec ask what-if without changing anything")
+    async def plan(model: str, ctx: int | None = Query(None, ge=256, le=1 << 24),
+                   cache_type: str | None = Query(None, max_length=16),
+                   spec: str | None = Query(None, max_length=4096)) -> dict:
+        return await asyncio.to_thread(plan_for, model, ctx, cache_type, spec)
 
-    def plan_for(model: str) -> dict:
-        from bostudio.daemon.supervisor import plan_child
+    def plan_for(model: str, ctx: int | None = None, cache_type: str | None = None, spec: str | None = None) -> dict:
+        from bostudio.daemon.supervisor import cache_type_args, plan_view
         from bostudio.engine.argv import LaunchSpec, build_argv
         from bostudio.gguf import describe
+        from bostudio.planner.memory import cache_type as check_cache_type
+        from bostudio.planner.render import option_bars
+        from bostudio.speculation import parse_spec
 
         cfg = sup.config_for(model)
+        ctx = ctx or cfg.ctx
+        ctype = cache_type or cfg.cache_type
+        check_cache_type(ctype)
+        mode = spec or cfg.spec
+        parse_spec("auto" if mode == "on" else mode)
         eng = sup.engine
+        info = describe(cfg.path)
         workload = cfg.resolved_workload()
-        fallback = cfg.auto_off_reason if cfg.spec == "auto" and cfg.auto_off == workload else None
-        planned = plan_child(describe(cfg.path), cfg.spec, eng, cfg.ctx, workload, fallback)
-        sp = planned.chosen.speculator
-        argv = build_argv(eng.path, eng.flags, LaunchSpec(cfg.path, cfg.name, 0, ctx=cfg.ctx, speculator=sp))
-        return {"model": cfg.name, "ctx": cfg.ctx, "spec_mode": cfg.spec, "speculation": sp.label,
-                "reason": sp.reason, "bytes": planned.chosen.total, "why": planned.why,
-                "budget_bytes": sup.budget(), "argv": argv}
+        planned, refused = plan_view(info, mode, eng, ctx, ctype, workload,
+                                     cfg.fallback(workload) if mode == cfg.spec else None)
+        o = planned.chosen
+        sp = o.speculator
+        argv = build_argv(eng.path, eng.flags, LaunchSpec(cfg.path, cfg.name, 0, ctx=ctx, speculator=sp,
+                                                          extra_args=cache_type_args(ctype)))
+        out: dict[str, Any] = {
+            "model": cfg.name, "ctx": ctx, "cache_type": ctype, "spec_mode": mode, "speculation": sp.label,
+            "reason": sp.reason, "bytes": o.total, "fits": refused is None,
+            "not_fit_reason": refused or "", "why": planned.why,
+            "cost_line": planned.cost_line, "spec_cost_bytes": planned.spec_cost_bytes,
+            "spec_cost_tokens": planned.spec_cost_tokens, "n_ctx_train": info.n_ctx_train,
+            "bars": option_bars(o), "budget_bytes": sup.budget(), "argv": argv, "would_fit": []}
+        if refused is not None:  # what would make it fit, one change at a time (the planner's answer)
+            from bostudio.planner import what_would_fit
+
+            draft = describe(sp.draft) if sp.draft else None
+            out["would_fit"] = [{"change": f.change, "ctx": f.option.n_ctx, "cache_type": f.intent.cache_type_k,
+                                 "speculation": f.option.speculator.label, "bytes": f.option.total}
+                                for f in what_would_fit(info, planned.devices, planned.intent, sp, draft)]
+        return out
 
     @app.get("/bostudio/pairings/{model}", tags=["control"],
-             summary="The speculator each mode would pair with a model (pairings.toml lands with issue 5)")
+             summary="The speculator each mode would pair with a model; auto's candidates and why each was passed over")
     async def pairings(model: str) -> dict:
         from bostudio.gguf import describe
         from bostudio.pairing.pair import choose
         from bostudio.speculation import parse_spec
 
         cfg = sup.config_for(model)
-        mi = describe(cfg.path)
+        mi = await asyncio.to_thread(describe, cfg.path)
         eng = await asyncio.to_thread(lambda: sup.engine)
-        out = {}
+        out: dict[str, Any] = {}
+        candidates: list[dict] = []
         for mode in ("auto", "ngram", "mtp", "off"):
             try:
-                sp = (await asyncio.to_thread(choose, mi, parse_spec(mode), eng, cfg.ctx))[0].speculator
+                sel = (await asyncio.to_thread(choose, mi, parse_spec(mode), eng, cfg.ctx))[0]
+                sp = sel.speculator
                 out[mode] = {"speculation": sp.label, "kind": sp.kind, "reason": sp.reason}
+                if mode == "auto":
+                    candidates = [dict(c.to_json(), chosen=(i == sel.chosen)) for i, c in enumerate(sel.considered)]
             except BostudioError as exc:
                 out[mode] = {"error": exc.message}
-        return {"model": cfg.name, "modes": out}
+        return {"model": cfg.name, "modes": out, "candidates": candidates,
+                "tokenizer": {"model": mi.tokenizer.model, "pre": mi.tokenizer.pre, "vocab_size": mi.tokenizer.vocab_size,
+                              "fingerprint": mi.tokenizer.fingerprint}}
 
     @app.get("/bostudio/instances", tags=["control"], summary="Every instance the daemon knows, with live stats")
     async def instances() -> dict:
@@ -349,7 +394,7 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         path = await asyncio.to_thread(sup.locate, req.model)
         before = sup.configs.get(req.model)
         old_workload = before.workload if before else None
-        cfg = sup.register(req.model, req.ctx, req.spec, req.port, path, workload=req.workload)
+        cfg = sup.register(req.model, req.ctx, req.spec, req.port, path, req.cache_type, workload=req.workload)
         if req.workload is not None and req.workload != old_workload and cfg.name in sup.instances:
             return await settle(await sup.restart(cfg.name), req.wait)  # another workload, maybe another profile
         return await settle(await sup.start(cfg), req.wait)

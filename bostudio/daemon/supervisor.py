@@ -27,11 +27,13 @@ from bostudio.daemon.state import ChildRecord, instance_log_path
 from bostudio.daemon.stats import InstanceStats, parse_metrics
 from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.engine.discover import Engine, find_engine
-from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PortInUseError, ServerError)
+from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PlanError, PortInUseError,
+                             ServerError)
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware import discover_devices
-from bostudio.pairing.pair import choose
-from bostudio.planner import Plan, plan_for_launch
+from bostudio.pairing.fetch import choose_and_fetch
+from bostudio.planner import Intent, Plan, plan, plan_for_launch
+from bostudio.planner.memory import cache_type as cache_type_of
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import (CrashHistory, LoadWatch, ServerProcess, classify_failure, listening_pid_ok,
                                       log_size, tail)
@@ -59,6 +61,7 @@ class SupervisorOptions:
     probe_tokens: int = 16
     ctx: int = 4096
     spec: str = "auto"
+    pull: str = "never"  # hub drafters: always | never (no one answers an `ask` in a daemon)
 
 
 @dataclass
@@ -70,6 +73,7 @@ class ModelConfig:
     ctx: int
     spec: str
     port: int | None = None  # pinned child port (else a free one per launch)
+    cache_type: str = "f16"  # -ctk/-ctv of the target's KV cache
     workload: str | None = None  # whose tuned profile auto uses (None: config.toml's [workload], else "code")
     # Under auto, speculation that fell below break-even on a workload stays off until the workload changes.
     auto_off: str | None = None  # that workload
@@ -78,23 +82,55 @@ class ModelConfig:
     def resolved_workload(self) -> str:
         return self.workload or default_workload(self.name)
 
+    def fallback(self, workload: str) -> str | None:
+        """Why auto gave up on speculation for `workload` (None: it did not)."""
+        return self.auto_off_reason if self.spec == "auto" and self.auto_off == workload else None
 
-def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, workload: str | None = None,
-               fallback: str | None = None) -> Plan:
-    """The speculator (a tuned profile for `workload`, else the pairing table, auto-detection and
-    compatibility check, as for `bostudio up`) and the planner's view of the child as the daemon runs it
-    (llama-server's defaults: 4 slots sharing one f16 KV pool): `chosen.total` decides what gets evicted.
-    `fallback` (why auto gave up on the speculator) runs the profile's next-best kind, else none.
-    Raises PlanError if it cannot fit."""
+
+def _speculator_for(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int,  # type: ignore[no-untyped-def]
+                    pull: str = "never", workload: str | None = None, fallback: str | None = None):
     devices = discover_devices(engine_devices=engine.devices).devices
     request = parse_spec("auto" if spec_mode == "on" else spec_mode)
     if fallback is not None:
         speculator = fallback_speculator(info, engine, workload, fallback)
     else:
-        speculator = choose(info, request, engine, ctx, devices=devices, workload=workload)[0].speculator
+        speculator = choose_and_fetch(info, request, engine, ctx, devices=devices, policy=pull, workload=workload,
+                                      log=lambda msg: log.info("%s: %s", info.path.name, msg)).speculator
     draft = describe(speculator.draft) if speculator.draft else None
+    return devices, speculator, draft
+
+
+def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, cache_type: str = "f16",
+               pull: str = "never", workload: str | None = None, fallback: str | None = None) -> Plan:
+    """The speculator (a tuned profile for `workload`, else the pairing table, auto-detection and
+    compatibility check, as for `bostudio up`, a hub drafter fetched as `pull` allows) and the planner's view
+    of the child as the daemon runs it (llama-server's defaults: 4 slots sharing one KV pool): `chosen.total`
+    decides what gets evicted. `fallback` (why auto gave up on the speculator) runs the profile's next-best
+    kind, else none. Raises PlanError if it cannot fit."""
+    devices, speculator, draft = _speculator_for(info, spec_mode, engine, ctx, pull, workload, fallback)
     return plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft,
-                           speculation="off" if speculator.kind == "none" else "on")
+                           speculation="off" if speculator.kind == "none" else "on", cache_type=cache_type)
+
+
+def plan_view(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, cache_type: str = "f16",
+              workload: str | None = None, fallback: str | None = None) -> tuple[Plan, str | None]:
+    """plan_child for a screen: the plan a launch would use and None, or, when a launch would refuse
+    it, the planner's best attempt and the refusal (so the screen can show the bars and why)."""
+    devices, speculator, draft = _speculator_for(info, spec_mode, engine, ctx, workload=workload, fallback=fallback)
+    on = speculator.kind != "none"
+    try:
+        return plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft,
+                               speculation="on" if on else "off", cache_type=cache_type), None
+    except PlanError as exc:
+        intent = Intent(ctx=ctx, speculation="auto" if on else "off", cache_type_k=cache_type, cache_type_v=cache_type)
+        return plan(info, devices, intent, speculator, draft), exc.message
+
+
+def cache_type_args(cache_type: str) -> tuple[str, ...]:
+    """-ctk/-ctv for a KV cache type other than llama-server's f16 (a quantized V cache needs flash attention)."""
+    if cache_type == "f16":
+        return ()
+    return ("-ctk", cache_type, "-ctv", cache_type) + (() if cache_type in ("bf16", "f32") else ("-fa", "on"))
 
 
 def fallback_speculator(info: ModelInfo, engine: Engine, workload: str | None, why: str) -> Speculator:
@@ -138,11 +174,11 @@ class Instance:
     ready: asyncio.Future | None = None
     task: asyncio.Task | None = None
     stopping: bool = False
-    scraped_requests: int = 0
     break_even: float = DEFAULT_BREAK_EVEN  # acceptance below which speculation stops paying
     break_even_source: str = "default"
     spec_base: tuple[int, int, int] = (0, 0, 0)  # (drafted, accepted, requests) at the last launch
     spec_check: dict | None = None  # the last policy.SpecVerdict
+    scraped: tuple[int, int] = (0, 0)  # (requests, tokens) at the last /metrics scrape
 
     @property
     def name(self) -> str:
@@ -157,7 +193,7 @@ class Instance:
             "model": self.name, "path": str(self.cfg.path), "state": self.state,
             "pid": self.proc.pid if self.proc and self.state in RESIDENT_STATES + (STOPPING,) else None,
             "port": self.port if self.state in RESIDENT_STATES else None,
-            "ctx": self.cfg.ctx, "spec_mode": self.cfg.spec,
+            "ctx": self.cfg.ctx, "cache_type": self.cfg.cache_type, "spec_mode": self.cfg.spec,
             "speculation": self.speculator.label if self.speculator else None,
             "speculation_reason": self.speculator.reason if self.speculator else None,
             "spec_status": self.spec_status, "plan": self.plan, "error": self.error, "loads": self.loads,
@@ -222,7 +258,8 @@ class Supervisor:
         return None if model in self.catalog() else resolve_model(model, log=log.info)
 
     def register(self, model: str, ctx: int | None = None, spec: str | None = None,
-                 port: int | None = None, path: Path | None = None, workload: str | None = None) -> ModelConfig:
+                 port: int | None = None, path: Path | None = None, cache_type: str | None = None,
+                 workload: str | None = None) -> ModelConfig:
         """A model named or given by path (control API): its config, updated with what was asked."""
         if path is None and model in self.catalog():
             cfg = self.config_for(model)
@@ -240,6 +277,9 @@ class Supervisor:
             cfg.port = port
         if workload is not None:
             cfg.workload = workload  # a new workload: auto may speculate again (auto_off names the old one)
+        if cache_type is not None:
+            cache_type_of(cache_type)  # an unknown type fails here, with the valid ones named
+            cfg.cache_type = cache_type
         return cfg
 
     # ------------------------------------------------------------------ the public operations
@@ -438,14 +478,14 @@ class Supervisor:
         engine = await asyncio.to_thread(lambda: self.engine)
         info = await asyncio.to_thread(describe, cfg.path)
         workload = await asyncio.to_thread(cfg.resolved_workload)
-        fallback = cfg.auto_off_reason if cfg.spec == "auto" and cfg.auto_off == workload else None
-        planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx, workload, fallback)
+        planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx, cfg.cache_type,
+                                          self.opts.pull, workload, cfg.fallback(workload))
         speculator = planned.chosen.speculator
         inst.break_even, inst.break_even_source = await asyncio.to_thread(
             predicted_break_even, cfg.path, engine, workload)
         need = planned.chosen.total
         inst.speculator = speculator
-        inst.plan = {"bytes": need, "weights_bytes": info.file_size, "ctx": cfg.ctx,
+        inst.plan = {"bytes": need, "weights_bytes": info.file_size, "ctx": cfg.ctx, "cache_type": cfg.cache_type,
                      "budget_bytes": self.budget(), "why": planned.why,
                      "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes}
                               for u in planned.chosen.uses],
@@ -456,7 +496,7 @@ class Supervisor:
         inst.port = cfg.port or free_loopback_port()
         inst.api_key = secrets.token_urlsafe(32)
         spec = LaunchSpec(model=cfg.path, alias=cfg.name, port=inst.port, host="127.0.0.1", ctx=cfg.ctx,
-                          speculator=speculator)
+                          speculator=speculator, extra_args=cache_type_args(cfg.cache_type))
         argv = build_argv(engine.path, engine.flags, spec)
         # The key goes through the environment, not argv (which every local user can read).
         env = {**os.environ, "LLAMA_API_KEY": inst.api_key}
@@ -562,9 +602,11 @@ class Supervisor:
         while True:
             await asyncio.sleep(2.0)
             for inst in list(self.instances.values()):
-                if inst.state != READY or inst.http is None or inst.stats.requests == inst.scraped_requests:
+                # A request counts when it starts and its timings land when it ends: publish on either.
+                seen = (inst.stats.requests, inst.stats.tokens_generated)
+                if inst.state != READY or inst.http is None or seen == inst.scraped:
                     continue
-                inst.scraped_requests = inst.stats.requests
+                inst.scraped = seen
                 try:
                     r = await inst.http.get("/metrics", timeout=5.0)
                     if r.status_code == 200:

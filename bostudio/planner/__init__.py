@@ -13,13 +13,13 @@ planned from its draft model's header (`draft=describe(path)`).
 
 from bostudio.planner.fit import (MTP_SPEC, NGRAM_SPEC, NO_SPEC, Intent, Plan, PlanOption, Use,
                                   default_fallback, fit_option, largest_ctx, memory_uses, plan,
-                                  plan_for_launch, spec_label)
+                                  plan_for_launch, spec_label, what_would_fit)
 from bostudio.planner.memory import (CACHE_TYPES, CacheType, ContextSettings, KvCacheBytes,
                                      compute_buffer_bytes, kv_cache_bytes, output_buffer_bytes,
                                      recurrent_state_bytes, weight_split)
 from bostudio.planner.reported import ReportedMemory, parse_reported_memory
 
 __all__ = ["MTP_SPEC", "NGRAM_SPEC", "NO_SPEC", "Intent", "Plan", "PlanOption", "Use", "default_fallback",
-           "fit_option", "largest_ctx", "memory_uses", "plan", "plan_for_launch", "spec_label", "CACHE_TYPES", "CacheType", "ContextSettings",
+           "fit_option", "largest_ctx", "memory_uses", "plan", "plan_for_launch", "spec_label", "what_would_fit", "CACHE_TYPES", "CacheType", "ContextSettings",
            "KvCacheBytes", "compute_buffer_bytes", "kv_cache_bytes", "output_buffer_bytes",
            "recurrent_state_bytes", "weight_split", "ReportedMemory", "parse_reported_memory"]

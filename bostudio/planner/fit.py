@@ -466,5 +466,40 @@ def plan_for_launch(model: "ModelInfo", devices: Iterable[Device], *, ctx: int |
     return p
 
 
-__all__ = ["Intent", "Use", "PlanOption", "Plan", "plan", "plan_for_launch", "fit_option", "largest_ctx",
+@dataclass(frozen=True)
+class FitChange:
+    """One change that makes a plan fit: what changes, the intent with it, and the option found."""
+
+    change: str
+    intent: Intent
+    option: PlanOption
+
+
+def what_would_fit(model: "ModelInfo", devices: Iterable[Device], intent: Intent, speculator: Speculator,
+                   draft: "ModelInfo | None" = None) -> list[FitChange]:
+    """For a plan that does not fit: what would, one change at a time (the largest context that fits,
+    a q8_0 then q4_0 KV cache at the asked context, no speculator). Each with what it changes."""
+    devs = tuple(devices)
+    tries: list[tuple[str, Intent, Speculator, "ModelInfo | None"]] = []
+    if intent.ctx is not None:
+        tries.append(("a smaller context", replace(intent, ctx=None), speculator, draft))
+    for ctype in ("q8_0", "q4_0"):
+        if intent.cache_type_k != ctype:
+            tries.append((f"a {ctype} KV cache", replace(intent, cache_type_k=ctype, cache_type_v=ctype),
+                          speculator, draft))
+    if speculator.kind != "none":
+        tries.append(("no speculation", replace(intent, speculation="off"), NO_SPEC, None))
+    out = []
+    for change, i, sp, d in tries:
+        i = replace(i, speculation="off" if sp.kind == "none" else "auto")
+        try:
+            chosen = plan(model, devs, i, sp, d).chosen
+        except PlanError:
+            continue
+        if chosen.fits:
+            out.append(FitChange(change, i, chosen))
+    return out
+
+
+__all__ = ["Intent", "Use", "PlanOption", "Plan", "plan", "plan_for_launch", "what_would_fit", "FitChange", "fit_option", "largest_ctx",
            "memory_uses", "spec_label", "default_fallback", "NO_SPEC", "NGRAM_SPEC", "MTP_SPEC", "MIB", "GIB"]

@@ -40,6 +40,40 @@ def render_option(title: str, o: PlanOption) -> list[str]:
     return lines
 
 
+# The stacked memory bar's segments, in order; every planner component belongs to one.
+BAR_GROUPS = ("weights", "KV", "draft", "draft KV", "compute", "prompt cache")
+
+
+def bar_group(component: str) -> str:
+    """The bar segment of a planner component ("draft KV cache" -> "draft KV", "MTP compute buffer" -> "compute")."""
+    c = component.lower()
+    if c.startswith(("draft kv", "mtp kv")):
+        return "draft KV"
+    if c.startswith("draft weights"):
+        return "draft"
+    if c.startswith("weights"):
+        return "weights"
+    if c.startswith(("kv cache", "recurrent state")):
+        return "KV"
+    if c.startswith("prompt cache"):
+        return "prompt cache"
+    return "compute"  # compute/output buffers, their growth when drafting, n-gram table, platform overhead
+
+
+def option_bars(o: PlanOption) -> list[dict[str, Any]]:
+    """Per device: its budget and the bytes of each bar segment (the TUI's stacked bar)."""
+    out = []
+    for device, budget in o.budgets:
+        groups = dict.fromkeys(BAR_GROUPS, 0)
+        for u in o.uses:
+            if u.device == device:
+                groups[bar_group(u.component)] += u.bytes
+        used = sum(groups.values())
+        out.append({"device": device, "budget": budget, "used": used, "free": max(0, budget - used),
+                    "groups": groups})
+    return out
+
+
 def render_plan(p: Plan) -> str:
     m = p.model
     lines = [f"{m.path.name}: {m.architecture}, {m.n_layer} layers"
