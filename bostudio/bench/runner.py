@@ -229,13 +229,15 @@ def run(bench: Bench, plan: Plan, progress: Callable[[int, int, str], None]) -> 
                 variant = 0 if plan.repeat else r + 31 * j  # tasks of one workload read different code
                 tokens = plan.tokens or task.tokens
                 what = f"run {r + 1}/{plan.runs} {name}/{task.name}"
-                samples += bench.round(name, None, prompt_id, task.prompt(variant), tokens, stepper(what), r)
+                # the order rotates with every prompt, so that even one run does not always start with off
+                samples += bench.round(name, None, prompt_id, task.prompt(variant), tokens, stepper(what),
+                                       prompt_id)
                 prompt_id += 1
         for length in plan.ctx_sweep:
             tokens = plan.tokens or 64
             prompt = bench.context_prompt(length - tokens - 8, 0 if plan.repeat else r)
             samples += bench.round("context", length, prompt_id, prompt, tokens,
-                                   stepper(f"run {r + 1}/{plan.runs} context {length}"), r)
+                                   stepper(f"run {r + 1}/{plan.runs} context {length}"), prompt_id)
             prompt_id += 1
     return samples
 
