@@ -218,7 +218,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.daemon:
         return cmd_up_daemon(args)
     return run_up(UpOptions(model=args.model, ctx=args.ctx, cache_type=args.cache_type, spec=args.spec,
-                            port=args.port or 8080, host=args.host, engine=args.engine, pull=args.pull))
+                            port=args.port or 8080, host=args.host, engine=args.engine, pull=args.pull,
+                            workload=args.workload))
 
 
 # ---------------------------------------------------------------- pair
@@ -309,7 +310,7 @@ def cmd_up_daemon(args: argparse.Namespace) -> int:
     if Path(model).expanduser().is_file():
         model = str(Path(model).expanduser().resolve())  # the daemon may run in another directory
     with DaemonClient(rec.url) as client:
-        inst = client.start(model, spec=args.spec, ctx=args.ctx)
+        inst = client.start(model, spec=args.spec, ctx=args.ctx, workload=args.workload)
     if args.json:
         _print_json(dict(inst, base_url=f"{rec.url}/v1"))
         return 0
@@ -470,6 +471,12 @@ def cmd_ps(args: argparse.Namespace) -> int:
         if retry:
             when = "" if retry.get("in_s") is None else f" (in {retry['in_s']:.0f} s)"
             print(f"  failed: {r['error']['message'] if r.get('error') else 'unknown'}; retried {retry['how']}{when}")
+    for r in rows:  # speculation that does not pay on this workload (the daemon's break-even check)
+        if r.get("spec_flagged"):
+            print(f"  ! {r['model']}: {r['spec_check']['detail']} (break-even from {r['break_even_source']})")
+        if r.get("auto_off"):
+            print(f"  ! {r['model']}: auto switched speculation for workload {r['auto_off']['workload']!r}: "
+                  f"{r['auto_off']['reason']}")
     return 0
 
 
@@ -535,6 +542,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="load MODEL in the bostudio daemon (started in the background if none runs), print "
                         "the summary and return; the model keeps serving on the daemon's one endpoint")
     p.add_argument("--json", action="store_true", help="with --daemon: print the instance as JSON")
+    p.add_argument("--workload", default=None, metavar="W",
+                   help="with --spec auto: use the profile `bostudio tune` saved for this workload (code, edit, "
+                        "chat...; default: [workload] in config.toml, else code); a stale profile is ignored")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("pair", help="show which speculator a model gets, and why",
@@ -771,6 +781,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("ref", metavar="REPO[:QUANT|:FILE]", help="hub repo, optionally a quant tag or a file name")
     p.add_argument("--revision", default="main", metavar="REV", help="branch, tag or commit (default main)")
     p.set_defaults(func=cmd_pull)
+
+    from bostudio.cli_bench import add_parsers
+    add_parsers(sub)
     return parser
 
 

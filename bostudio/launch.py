@@ -42,9 +42,10 @@ class LaunchDecision:
 
 def decide_launch(info: ModelInfo, request: SpecRequest, engine: Engine, *, ctx: int | None = None,
                   cache_type: str = "f16", pull: str = "never", ask: AskFn | None = None,
-                  log=lambda _: None) -> LaunchDecision:  # type: ignore[no-untyped-def]
+                  log=lambda _: None, workload: str | None = None) -> LaunchDecision:  # type: ignore[no-untyped-def]
     """Choose the speculator (fetching a hub drafter as the pull policy allows) and plan memory. Raises for
-    an incompatible draft or a model that does not fit."""
+    an incompatible draft or a model that does not fit. With `workload`, auto mode takes the tuned profile for it
+    when a fresh one exists (`bostudio tune`)."""
     if request.draft is not None:
         if not request.draft.is_file():
             raise ModelError(f"draft model {request.draft} not found",
@@ -53,7 +54,7 @@ def decide_launch(info: ModelInfo, request: SpecRequest, engine: Engine, *, ctx:
     devices = discover_devices(engine_devices=engine.devices).devices
     # The pairing table, auto-detection and the compatibility check; an incompatible draft raises here.
     speculator = choose_and_fetch(info, request, engine, ctx or info.n_ctx_train, devices=devices, policy=pull,
-                                  ask=ask, log=log).speculator
+                                  ask=ask, log=log, workload=workload).speculator
     if speculator.draft is not None and not speculator.draft.is_file():
         raise ModelError(f"the chosen draft {speculator.draft} is not on this machine",
                          "run `bostudio pair` to see why")

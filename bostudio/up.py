@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 
 from bostudio import paths
+from bostudio.bench.profiles import default_workload
 from bostudio.catalog.resolve import model_name, resolve_model
 from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.engine.discover import Engine, find_engine
@@ -39,6 +40,7 @@ class UpOptions:
     port: int = 8080
     host: str = "127.0.0.1"
     engine: str | None = None
+    workload: str | None = None  # the tuned profile to use in auto mode; None: config.toml's, else "code"
     pull: str | None = None  # ask | always | never; None: config.toml [pull], else ask on a terminal, never headless
 
 
@@ -125,9 +127,11 @@ def prepare_launch(opts: UpOptions, note=print) -> Prepared:  # type: ignore[no-
     info = describe(model)  # raises GGUFFormatError for truncated or crafted files
     check_port_free(opts.host, opts.port)
     engine = find_engine(opts.engine)
+    workload = opts.workload or default_workload(model_name(model))
     policy = resolve_pull_policy(opts.pull)
     decision = decide_launch(info, request, engine, ctx=opts.ctx, cache_type=opts.cache_type, pull=policy,
-                             ask=interactive_ask() if policy == "ask" else None, log=note)
+                             ask=interactive_ask() if policy == "ask" else None, log=note,
+                             workload=workload)
     launch = decision.launch_spec(model, model_name(model), opts.port, opts.host)
     return Prepared(engine, launch, decision.plan, build_argv(engine.path, engine.flags, launch))
 

@@ -45,15 +45,20 @@ def read_config(path: Path | None = None) -> dict:
         raise ConfigError(f"{path}: cannot read config: {exc}", "fix the TOML syntax or remove the file") from exc
 
 
+def config_table(name: str, path: Path | None = None) -> dict:
+    """The `[name]` table of config.toml (default: paths.config_file()); {} when the file or table is missing.
+    Bad TOML or a `name` that is not a table is a ConfigError naming the file."""
+    path = path or paths.config_file()
+    table = read_config(path).get(name, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: `{name}` must be a table", f"write it as [{name}]")
+    return table
+
+
 def load_catalog_config(path: Path | None = None) -> CatalogConfig:
     """Read `[catalog]` from config.toml (default: paths.config_file()); a missing file means defaults."""
     path = path or paths.config_file()
-    data = read_config(path)
-    if "catalog" not in data:
-        return CatalogConfig()
-    table = data.get("catalog", {})
-    if not isinstance(table, dict):
-        raise ConfigError(f"{path}: `catalog` must be a table", "write it as [catalog]")
+    table = config_table("catalog", path)
     for key in table:
         if key not in _KEYS:
             near = difflib.get_close_matches(key, _KEYS, n=1)

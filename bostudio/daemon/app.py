@@ -73,6 +73,9 @@ class StartRequest(BaseModel):
     cache_type: str | None = Field(None, max_length=16, description="KV cache type: f16, q8_0, q4_0, ...")
     port: int | None = Field(None, ge=1, le=65535, description="pin the child's loopback port (tests, debugging)")
     wait: bool = Field(True, description="answer when the model is ready (or failed)")
+    workload: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$",
+                                 description="the tuned profile auto uses (code, edit, chat...); a change "
+                                             "relaunches a running instance")
 
 
 class SpeculationRequest(BaseModel):
@@ -232,7 +235,10 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         eng = sup.engine
         info = describe(cfg.path)
         caps = model_caps(cfg.path)
-        planned, refused = plan_view(info, mode, eng, ctx, ctype, sup.slot_store is not None, caps)
+        workload = cfg.resolved_workload()
+        planned, refused = plan_view(info, mode, eng, ctx, ctype, workload,
+                                     cfg.fallback(workload) if mode == cfg.spec else None,
+                                     prompt_reuse=sup.slot_store is not None, caps=caps)
         o = planned.chosen
         sp = o.speculator
         argv = child_argv(eng, replace(cfg, ctx=ctx, cache_type=ctype), planned, caps, 0,
@@ -308,7 +314,11 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
     @app.post("/bostudio/instances", tags=["control"], summary="Start (load) a model; waits until ready by default")
     async def start(req: StartRequest) -> dict:
         path = await asyncio.to_thread(sup.locate, req.model)
-        cfg = sup.register(req.model, req.ctx, req.spec, req.port, path, req.cache_type)
+        before = sup.configs.get(req.model)
+        old_workload = before.workload if before else None
+        cfg = sup.register(req.model, req.ctx, req.spec, req.port, path, req.cache_type, workload=req.workload)
+        if req.workload is not None and req.workload != old_workload and cfg.name in sup.instances:
+            return await settle(await sup.restart(cfg.name), req.wait)  # another workload, maybe another profile
         return await settle(await sup.start(cfg), req.wait)
 
     @app.post("/bostudio/instances/{model}/stop", tags=["control"], summary="Stop an instance (SIGTERM, then SIGKILL)")

@@ -88,8 +88,9 @@ class DaemonClient:
     def instances(self) -> list[dict]:
         return self._call("GET", "/bostudio/instances")["instances"]
 
-    def start(self, model: str, spec: str | None = None, ctx: int | None = None, wait: bool = True) -> dict:
-        body = {"model": model, "spec": spec, "ctx": ctx, "wait": wait}
+    def start(self, model: str, spec: str | None = None, ctx: int | None = None, wait: bool = True,
+              workload: str | None = None) -> dict:
+        body = {"model": model, "spec": spec, "ctx": ctx, "wait": wait, "workload": workload}
         return self._call("POST", "/bostudio/instances", LOAD_TIMEOUT, json={k: v for k, v in body.items() if v is not None})
 
     def stop(self, model: str) -> dict:

@@ -41,6 +41,8 @@ from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import (CrashHistory, LoadWatch, ServerProcess, classify_failure, listening_pid_ok,
                                       log_size, tail)
 from bostudio.speculation import Speculator, parse_spec
+from bostudio.bench.profiles import default_workload, find_profile, speculator_from_json
+from bostudio.bench.tune import DEFAULT_BREAK_EVEN, predicted_break_even
 from bostudio.up import verify_speculation
 
 log = logging.getLogger("bostudio.daemon")
@@ -81,28 +83,45 @@ class ModelConfig:
     spec: str
     port: int | None = None  # pinned child port (else a free one per launch)
     cache_type: str = "f16"  # -ctk/-ctv of the target's KV cache
+    workload: str | None = None  # whose tuned profile auto uses (None: config.toml's [workload], else "code")
+    # Under auto, speculation that fell below break-even on a workload stays off until the workload changes.
+    auto_off: str | None = None  # that workload
+    auto_off_reason: str = ""
+
+    def resolved_workload(self) -> str:
+        return self.workload or default_workload(self.name)
+
+    def fallback(self, workload: str) -> str | None:
+        """Why auto gave up on speculation for `workload` (None: it did not)."""
+        return self.auto_off_reason if self.spec == "auto" and self.auto_off == workload else None
 
 
 def _speculator_for(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int,  # type: ignore[no-untyped-def]
-                    pull: str = "never", generates: bool = True):
+                    pull: str = "never", workload: str | None = None, fallback: str | None = None,
+                    generates: bool = True):
     devices = discover_devices(engine_devices=engine.devices).devices
     # Embedding and rerank models generate nothing, so they get no speculator.
     request = parse_spec(("auto" if spec_mode == "on" else spec_mode) if generates else "off")
-    speculator = choose_and_fetch(info, request, engine, ctx, devices=devices, policy=pull,
-                                  log=lambda msg: log.info("%s: %s", info.path.name, msg)).speculator
+    if fallback is not None and generates:
+        speculator = fallback_speculator(info, engine, workload, fallback)
+    else:
+        speculator = choose_and_fetch(info, request, engine, ctx, devices=devices, policy=pull, workload=workload,
+                                      log=lambda msg: log.info("%s: %s", info.path.name, msg)).speculator
     draft = describe(speculator.draft) if speculator.draft else None
     return devices, speculator, draft
 
 
 def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, cache_type: str = "f16",
-               pull: str = "never", prompt_reuse: bool = False, caps: ModelCaps | None = None) -> Plan:
-    """The speculator (pairing table, auto-detection and compatibility check, as for `bostudio up`, a hub
-    drafter fetched as `pull` allows) and the planner's view of the child as the daemon runs it
-    (llama-server's defaults: 4 slots sharing one KV pool): `chosen.total` decides what gets evicted.
-    With prompt reuse it plans a host prompt cache and full SWA caches; embedding and rerank models
-    (`caps`) get no speculator. Raises PlanError if it cannot fit."""
+               pull: str = "never", workload: str | None = None, fallback: str | None = None,
+               prompt_reuse: bool = False, caps: ModelCaps | None = None) -> Plan:
+    """The speculator (a tuned profile for `workload`, else the pairing table, auto-detection and
+    compatibility check, as for `bostudio up`, a hub drafter fetched as `pull` allows) and the planner's view
+    of the child as the daemon runs it (llama-server's defaults: 4 slots sharing one KV pool): `chosen.total`
+    decides what gets evicted. `fallback` (why auto gave up on the speculator) runs the profile's next-best
+    kind, else none. With prompt reuse it plans a host prompt cache and full SWA caches; embedding and
+    rerank models (`caps`) get no speculator. Raises PlanError if it cannot fit."""
     generates = caps is None or caps.kind == "chat"
-    devices, speculator, draft = _speculator_for(info, spec_mode, engine, ctx, pull, generates)
+    devices, speculator, draft = _speculator_for(info, spec_mode, engine, ctx, pull, workload, fallback, generates)
     return plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft,
                            speculation="off" if speculator.kind == "none" else "on", cache_type=cache_type,
                            prompt_cache=prompt_reuse and generates)
@@ -122,11 +141,13 @@ def child_argv(engine: Engine, cfg: "ModelConfig", planned: Plan, caps: ModelCap
 
 
 def plan_view(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, cache_type: str = "f16",
-              prompt_reuse: bool = False, caps: ModelCaps | None = None) -> tuple[Plan, str | None]:
+              workload: str | None = None, fallback: str | None = None, prompt_reuse: bool = False,
+              caps: ModelCaps | None = None) -> tuple[Plan, str | None]:
     """plan_child for a screen: the plan a launch would use and None, or, when a launch would refuse
     it, the planner's best attempt and the refusal (so the screen can show the bars and why)."""
     generates = caps is None or caps.kind == "chat"
-    devices, speculator, draft = _speculator_for(info, spec_mode, engine, ctx, generates=generates)
+    devices, speculator, draft = _speculator_for(info, spec_mode, engine, ctx, workload=workload, fallback=fallback,
+                                                 generates=generates)
     on = speculator.kind != "none"
     reuse = prompt_reuse and generates
     try:
@@ -143,6 +164,17 @@ def cache_type_args(cache_type: str) -> tuple[str, ...]:
     if cache_type == "f16":
         return ()
     return ("-ctk", cache_type, "-ctv", cache_type) + (() if cache_type in ("bf16", "f32") else ("-fa", "on"))
+
+
+def fallback_speculator(info: ModelInfo, engine: Engine, workload: str | None, why: str) -> Speculator:
+    """After acceptance fell below break-even under auto: the profile's best configuration of another kind
+    that beat off, else no speculation."""
+    found = find_profile(info.path, engine, workload) if workload else None
+    nxt = found.profile.next_best() if found and found.profile else None
+    if nxt is not None and all(t in engine.spec_types for t in nxt.speculator["spec_types"]):
+        return speculator_from_json(nxt.speculator, f"auto: {why}; the next-best profile entry {nxt.label} "
+                                                    f"({nxt.speedup:.2f}x of off when tuned)")
+    return Speculator("none", reason=f"auto: {why}; without speculation until the workload changes")
 
 
 def free_loopback_port() -> int:
@@ -175,6 +207,10 @@ class Instance:
     ready: asyncio.Future | None = None
     task: asyncio.Task | None = None
     stopping: bool = False
+    break_even: float = DEFAULT_BREAK_EVEN  # acceptance below which speculation stops paying
+    break_even_source: str = "default"
+    spec_base: tuple[int, int, int] = (0, 0, 0)  # (drafted, accepted, requests) at the last launch
+    spec_check: dict | None = None  # the last policy.SpecVerdict
     scraped: tuple[int, int] = (0, 0)  # (requests, tokens) at the last /metrics scrape
     cfg_cooldown: float = 0.0
     failed_at: float | None = None  # wall time the model was marked failed
@@ -203,6 +239,11 @@ class Instance:
             "idle_s": time.monotonic() - self.last_used, "active_requests": self.active,
             "stats": self.stats.to_json(), "log": str(self.log_path),
             "retry": self.retry_json(), "prompts": self.prompts,
+            "workload": self.cfg.workload, "spec_check": self.spec_check,
+            "spec_flagged": bool(self.spec_check and self.spec_check["state"] == "below"),
+            "break_even_source": self.break_even_source,
+            "auto_off": ({"workload": self.cfg.auto_off, "reason": self.cfg.auto_off_reason}
+                         if self.cfg.auto_off else None),
         }
 
     def retry_json(self) -> dict | None:
@@ -269,7 +310,8 @@ class Supervisor:
         return None if model in self.catalog() else resolve_model(model, log=log.info)
 
     def register(self, model: str, ctx: int | None = None, spec: str | None = None,
-                 port: int | None = None, path: Path | None = None, cache_type: str | None = None) -> ModelConfig:
+                 port: int | None = None, path: Path | None = None, cache_type: str | None = None,
+                 workload: str | None = None) -> ModelConfig:
         """A model named or given by path (control API): its config, updated with what was asked."""
         if path is None and model in self.catalog():
             cfg = self.config_for(model)
@@ -285,6 +327,8 @@ class Supervisor:
             cfg.ctx = ctx
         if port is not None:
             cfg.port = port
+        if workload is not None:
+            cfg.workload = workload  # a new workload: auto may speculate again (auto_off names the old one)
         if cache_type is not None:
             cache_type_of(cache_type)  # an unknown type fails here, with the valid ones named
             cfg.cache_type = cache_type
@@ -504,9 +548,13 @@ class Supervisor:
         engine = await asyncio.to_thread(lambda: self.engine)
         info = await asyncio.to_thread(describe, cfg.path)
         caps = await asyncio.to_thread(model_caps, cfg.path)
+        workload = await asyncio.to_thread(cfg.resolved_workload)
         planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx, cfg.cache_type,
-                                          self.opts.pull, self.slot_store is not None, caps)
+                                          self.opts.pull, workload, cfg.fallback(workload),
+                                          self.slot_store is not None, caps)
         speculator = planned.chosen.speculator
+        inst.break_even, inst.break_even_source = await asyncio.to_thread(
+            predicted_break_even, cfg.path, engine, workload)
         need = planned.chosen.total
         inst.speculator = speculator
         reuse = self.slot_store is not None and planned.intent.prompt_cache
@@ -544,6 +592,8 @@ class Supervisor:
             inst.spec_status = asdict(status)
         else:
             inst.spec_status = None
+        inst.spec_base = (inst.stats.draft_tokens, inst.stats.draft_accepted, inst.stats.requests)
+        inst.spec_check = None
         await self._restore_prompts(inst)
         inst.ready_since = time.monotonic()
         inst.last_used = time.monotonic()
@@ -674,3 +724,39 @@ class Supervisor:
                 except httpx.HTTPError:
                     continue
                 self.bus.publish("stats", model=inst.name, stats=inst.stats.to_json())
+            for inst in list(self.instances.values()):
+                if inst.state == READY:
+                    await self._check_speculation(inst)
+
+    async def _check_speculation(self, inst: Instance) -> None:
+        """Acceptance since launch against the break-even: flag it (ps, events); under auto, relaunch with
+        the next-best profile entry or without speculation at the next idle moment."""
+        d0, a0, r0 = inst.spec_base
+        st = inst.stats
+        verdict = policy.judge_acceptance(st.draft_tokens - d0, st.draft_accepted - a0, st.requests - r0,
+                                          inst.break_even)
+        was = inst.spec_check["state"] if inst.spec_check else None
+        inst.spec_check = dict(verdict.to_json(), break_even_source=inst.break_even_source)
+        speculating = inst.speculator is not None and inst.speculator.kind != "none"
+        action = policy.fallback_action(verdict, inst.cfg.spec, speculating, busy=inst.active > 0)
+        if action == policy.NONE:
+            return
+        if was != "below":
+            log.warning("%s: %s", inst.name, verdict.detail)
+            self.bus.publish("speculation", model=inst.name, flagged=True, check=inst.spec_check,
+                             message=f"{inst.name}: {verdict.detail}" + (
+                                 "; relaunching without it when idle (--spec auto)" if inst.cfg.spec == "auto"
+                                 else f"; kept, since speculation was set to {inst.cfg.spec!r}"))
+        if action == policy.RELAUNCH:
+            workload = await asyncio.to_thread(inst.cfg.resolved_workload)
+            inst.cfg.auto_off, inst.cfg.auto_off_reason = workload, verdict.detail
+            await self.save_slots(inst)
+            self.bus.publish("speculation", model=inst.name, relaunch=True, workload=workload,
+                             message=f"{inst.name}: relaunching with another speculator or none for workload "
+                                     f"{workload!r}: {verdict.detail}")
+            await self.restart(inst.name)
+
+    async def save_slots(self, inst: Instance) -> None:
+        """Hook: save the slots' KV before a relaunch, once the daemon can (issue 10's slot save/restore is
+        not on main yet); until then a relaunch starts with empty slots."""
+        return None

@@ -146,11 +146,12 @@ def remote_drafters(target: ModelInfo, refs: Mapping[str, str],
 
 def choose_and_fetch(target: ModelInfo, request: SpecRequest, engine: Engine, ctx: int, *,
                      devices: tuple[Device, ...] | None = None, policy: str = "never", ask: AskFn | None = None,
-                     log: LogFn = lambda _: None, table: PairingTable | None = None) -> Selection:
+                     log: LogFn = lambda _: None, table: PairingTable | None = None,
+                     workload: str | None = None) -> Selection:
     """`pair.choose`, with the table's hub drafters in play: a chosen drafter that is only on the hub is
     offered (policy ask: `ask(offer)` decides; always: yes), pulled into the hub cache sha256-checked, and the
     choice made again with the local file. Declined or failed pulls fall back to the next candidate, and the
-    reason shows in that candidate's `why`."""
+    reason shows in that candidate's `why`. With a `workload`, a fresh tuned profile decides first."""
     from bostudio.pairing.pair import choose, engine_devices
 
     if policy not in PULL_POLICIES:
@@ -165,7 +166,8 @@ def choose_and_fetch(target: ModelInfo, request: SpecRequest, engine: Engine, ct
     remote, unavailable, sizes = remote_drafters(target, missing, policy)
     for _ in range(len(refs) + 1):  # each pass settles one ref: pulled, declined or failed
         sel = choose(target, request, engine, ctx, table=table, devices=devices, hub_copies=local,
-                     remote=[d for d in remote if d.hub not in unavailable], unavailable=unavailable)[0]
+                     remote=[d for d in remote if d.hub not in unavailable], unavailable=unavailable,
+                     workload=workload)[0]
         chosen: Considered | None = sel.considered[sel.chosen] if sel.chosen is not None else None
         if chosen is None or not chosen.fetch:
             return sel

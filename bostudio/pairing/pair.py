@@ -16,8 +16,9 @@ from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware.device import Device
 from bostudio.pairing.compat import check_compatibility
 from bostudio.pairing.cost import CPU_ONLY, speculator_memory_bytes
+from bostudio.pairing.guardrails import GuardrailContext, load_allowed, load_guardrails
 from bostudio.pairing.probe import ProbeResult, probe_tokenization
-from bostudio.pairing.select import DraftFile, Selection, select
+from bostudio.pairing.select import Considered, DraftFile, Selection, select
 from bostudio.pairing.table import PairingTable, load_pairings, parse_table, user_table_path
 from bostudio.speculation import DRAFT_N_MAX, SpecRequest
 
@@ -87,12 +88,18 @@ def choose(target: ModelInfo, request: SpecRequest, engine: Engine, ctx: int = 4
            table: PairingTable | None = None,
            devices: tuple[Device, ...] | None = None, *, hub_copies: Mapping[str, Path] | None = None,
            remote: Sequence[DraftFile] = (), unavailable: Mapping[str, str] | None = None,
-           ) -> tuple[Selection, PairingTable]:
+           workload: str | None = None) -> tuple[Selection, PairingTable]:
     """Select the speculator for `target` with the user's and the shipped tables and the local GGUFs.
     Explicit modes (off, ngram, mtp, draft:PATH) need neither the tables nor a scan of the catalog.
     `hub_copies` maps the table's hub refs to their files in the hub cache (default: looked up on disk);
     `remote` are hub drafters known by their header only, `unavailable` why other refs are not here
-    (`fetch.choose_and_fetch` passes both)."""
+    (`fetch.choose_and_fetch` passes both). In auto mode with a `workload`, a fresh profile from
+    `bostudio tune` decides (a stale one is noted in the reason)."""
+    note = ""
+    if request.mode == "auto" and workload:
+        psel, note = _from_profile(target, engine, workload, devices)
+        if psel is not None:
+            return psel, PairingTable() if table is None else table
     if request.mode != "auto":
         table = PairingTable() if table is None else table
         drafts = draft_files(target, [request.draft] if request.draft is not None else [])
@@ -114,9 +121,46 @@ def choose(target: ModelInfo, request: SpecRequest, engine: Engine, ctx: int = 4
     def cost(sp, draft):  # type: ignore[no-untyped-def]
         return speculator_memory_bytes(target, sp, draft, ctx, devices)
 
+    guard = _guard(engine, devices)
     sel = select(target, table, request, engine_spec_types=engine.spec_types, drafts=drafts, cost=cost,
-                 has_gpu=engine.gpu_mib() > 0, unavailable=unavailable)
+                 has_gpu=engine.gpu_mib() > 0, unavailable=unavailable, guard=guard)
+    if note:
+        sel = replace(sel, speculator=replace(sel.speculator, reason=f"{sel.speculator.reason} ({note})"))
     return sel, table
+
+
+def _guard(engine: Engine, devices: tuple[Device, ...]) -> GuardrailContext:
+    # The backends that run the model: those of the devices in the plan (the CPU always takes part).
+    backends = tuple(sorted({d.backend.lower() for d in devices if d.backend} | {"cpu"}))
+    # Builds from the pinned sdist report build 1 (no git history): their number means nothing, and the
+    # rules bounded by a build number were checked against the pinned source by hand (guardrails.toml).
+    build = engine.build if engine.source != "built" else 0
+    return GuardrailContext(load_guardrails(), backends, load_allowed(), build)
+
+
+def _from_profile(target: ModelInfo, engine: Engine, workload: str,
+                  devices: tuple[Device, ...] | None) -> tuple[Selection | None, str]:
+    """The tuned profile's speculator for (model file, engine, workload), or why none applies."""
+    from bostudio.bench.profiles import find_profile
+
+    found = find_profile(target.path, engine, workload)
+    if found.profile is None:
+        return None, found.note
+    p = found.profile
+    sp = p.speculator
+    missing = [t for t in sp.spec_types if t not in engine.spec_types]
+    if missing:
+        return None, f"profile {found.path.name} needs --spec-type {','.join(missing)}: ignored"
+    if sp.draft is not None and not sp.draft.is_file():
+        return None, f"profile {found.path.name} names a draft that is gone ({sp.draft}): ignored"
+    guard = _guard(engine, engine_devices(engine) if devices is None else devices)
+    rule = guard.blocking(sp, target.architecture, target.is_mla)
+    if rule is not None:
+        return None, f"profile {found.path.name} ignored: {rule.explain()}"
+    measured = (f"; measured {p.chosen.tok_s:.1f} tok/s vs {p.baseline_tok_s:.1f} off"
+                if p.chosen else f"; off measured {p.baseline_tok_s:.1f} tok/s")
+    sp = replace(sp, reason=f"auto: profile for workload {workload!r} ({found.path}): {p.why}{measured}")
+    return Selection(sp, (Considered(sp.label, f"profile {found.path.name}", True, sp.reason, sp),), 0), ""
 
 
 def pair_model(target_path: Path, engine: Engine, request: SpecRequest = SpecRequest("auto"), ctx: int = 4096,

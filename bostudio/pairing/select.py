@@ -17,6 +17,7 @@ from pathlib import Path
 from bostudio.errors import ConfigError, EngineError
 from bostudio.gguf import ModelInfo
 from bostudio.pairing.compat import CompatReport
+from bostudio.pairing.guardrails import GuardrailContext
 from bostudio.pairing.table import Candidate, PairingTable
 from bostudio.speculation import (DRAFT_N_MAX, KIND_SPEC_TYPE, SpecRequest, Speculator, choose_speculator,
                                   ordered_spec_types)
@@ -130,8 +131,10 @@ def _drafter_problem(target: ModelInfo, d: ModelInfo) -> str:
 
 class _Evaluator:
     def __init__(self, target: ModelInfo, drafts: Sequence[DraftFile], engine_spec_types: tuple[str, ...],
-                 cost: CostFn, unavailable: Mapping[str, str] | None = None) -> None:
+                 cost: CostFn, unavailable: Mapping[str, str] | None = None,
+                 guard: GuardrailContext = GuardrailContext()) -> None:
         self.target = target
+        self.guard = guard
         self.drafts = [d for d in drafts if not d.remote]
         self.by_hub: dict[str, list[DraftFile]] = {}
         for d in sorted(drafts, key=lambda d: d.remote):  # a local copy before the remote header
@@ -253,6 +256,9 @@ class _Evaluator:
         if missing:
             return self.result(c, origin, False, f"this llama-server does not support --spec-type "
                                                  f"{','.join(missing)}", sp, d)
+        rule = self.guard.blocking(sp, self.target.architecture, self.target.is_mla)
+        if rule is not None:
+            return self.result(c, origin, False, rule.explain(), sp, d)
         return self.result(c, origin, True, why, sp, d)
 
 
@@ -280,13 +286,22 @@ def _auto_candidates(target: ModelInfo, drafts: Sequence[DraftFile], table_files
 
 def select(target: ModelInfo, table: PairingTable, request: SpecRequest, *, engine_spec_types: tuple[str, ...],
            drafts: Sequence[DraftFile] = (), cost: CostFn = _no_cost, has_gpu: bool = False,
-           unavailable: Mapping[str, str] | None = None) -> Selection:
+           unavailable: Mapping[str, str] | None = None,
+           guard: GuardrailContext = GuardrailContext()) -> Selection:
     """The speculator for `target`. `drafts` are the GGUFs that could draft for it (the catalog's, those the
     table names, and hub drafters known by their remote header only: `remote`), each with its compatibility
-    report; `cost` gives a speculator's memory bytes; `unavailable` says, per hub ref, why it is not here."""
+    report; `cost` gives a speculator's memory bytes; `unavailable` says, per hub ref, why it is not here;
+    `guard` holds the known regressions (guardrails.toml) for the backends in use: a candidate a rule
+    matches is passed over, an explicit request is refused."""
     if request.mode != "auto":
-        return _explicit(target, request, engine_spec_types, drafts, cost, has_gpu)
-    ev = _Evaluator(target, drafts, engine_spec_types, cost, unavailable)
+        sel = _explicit(target, request, engine_spec_types, drafts, cost, has_gpu)
+        rule = guard.blocking(sel.speculator, target.architecture, target.is_mla)
+        if rule is not None:
+            raise ConfigError(f"--spec {sel.speculator.label} on {target.architecture}: {rule.what} ({rule.reference})",
+                              f"use another --spec, or override with allow = [\"{rule.id}\"] under [guardrails] "
+                              "in config.toml")
+        return sel
+    ev = _Evaluator(target, drafts, engine_spec_types, cost, unavailable, guard)
     entries = table.matching(target.path.name, target.name, target.architecture, target.tokenizer.fingerprint)
     specific = [e for e in entries if not e.match.is_catch_all]
     catch_all = [e for e in entries if e.match.is_catch_all]

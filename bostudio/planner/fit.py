@@ -435,6 +435,8 @@ def plan(model: "ModelInfo", devices: Iterable[Device], intent: Intent = Intent(
     if speculator.kind == "none" or intent.speculation == "off":
         why = ("speculation off as asked" if intent.speculation == "off" and speculator.kind != "none"
                else "no speculator given")
+        if speculator.kind == "none" and speculator.reason:  # keep why it is off (a tuned profile, --spec off)
+            without = replace(without, speculator=speculator)
         return Plan(model, devs, intent, None, without, without, why)
     with_ = fit_option(model, devs, intent, speculator, draft)
     # The cost of the speculator: the bytes it adds to the plan without it (at the offload of that

@@ -1,0 +1,182 @@
+"""Tuned profiles: what `bostudio tune` measured and chose, per (model file identity, engine commit +
+backend, workload), with the best configuration of each speculator kind beside the choice.
+
+Stored as small JSON files under $XDG_STATE_HOME/bostudio/profiles/, written atomically. A profile older
+than the engine build or the model file is ignored, with a note saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bostudio import paths
+from bostudio.engine.discover import Engine
+from bostudio.speculation import Speculator
+
+VERSION = 1
+
+
+def profiles_dir() -> Path:
+    return paths.state_dir() / "profiles"
+
+
+def engine_identity(engine: Engine) -> str:
+    """llama.cpp commit + the backends that run (cpu alone when there is no GPU backend)."""
+    gpu = [b for b in engine.backends if b != "cpu"]
+    return f"{engine.commit}-{'+'.join(gpu) or 'cpu'}"
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    name: str  # file name
+    size: int
+    mtime: float
+
+    @staticmethod
+    def of(path: Path) -> "ModelIdentity":
+        st = path.stat()
+        return ModelIdentity(path.name, st.st_size, st.st_mtime)
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}-{self.size}"
+
+
+def speculator_to_json(sp: Speculator) -> dict:
+    return {"kind": sp.kind, "spec_types": list(sp.spec_types), "draft": str(sp.draft) if sp.draft else None,
+            "n_max": sp.n_max, "n_min": sp.n_min, "p_min": sp.p_min, "cache_type_k_draft": sp.cache_type_k_draft,
+            "cache_type_v_draft": sp.cache_type_v_draft, "ngram_params": [list(p) for p in sp.ngram_params]}
+
+
+def speculator_from_json(d: dict, reason: str = "") -> Speculator:
+    return Speculator(d["kind"], tuple(d.get("spec_types", ())), Path(d["draft"]) if d.get("draft") else None,
+                      d.get("n_max"), d.get("n_min"), d.get("p_min"), d.get("cache_type_k_draft"),
+                      d.get("cache_type_v_draft"), tuple(tuple(p) for p in d.get("ngram_params", ())),  # type: ignore[misc]
+                      reason)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One configuration's figures from the sweep."""
+
+    label: str
+    speculator: dict  # speculator_to_json
+    tok_s: float  # median decode tok/s
+    speedup: float  # median of the paired ratios against off
+    speedup_min: float
+    speedup_max: float
+    acceptance: float | None
+    accept_len: float | None
+    samples: int
+
+
+@dataclass(frozen=True)
+class Profile:
+    model: str
+    model_size: int
+    model_mtime: float
+    engine: str  # engine_identity
+    workload: str
+    chosen: Measured | None  # None: speculation off (nothing beat the baseline beyond the spread)
+    baseline_tok_s: float
+    noise: float  # the relative spread that counts as noise
+    why: str
+    break_even_acceptance: float | None
+    by_kind: dict[str, Measured] = field(default_factory=dict)  # the best configuration of each kind
+    created: float = 0.0
+    version: int = VERSION
+
+    @property
+    def speculator(self) -> Speculator:
+        if self.chosen is None:
+            return Speculator("none", reason=self.why)
+        return speculator_from_json(self.chosen.speculator, self.why)
+
+    def next_best(self) -> Measured | None:
+        """The best configuration of another kind than the chosen one that beat off (runtime fallback)."""
+        others = [m for k, m in self.by_kind.items()
+                  if self.chosen is None or m.speculator["kind"] != self.chosen.speculator["kind"]]
+        others = [m for m in others if m.speedup > 1.0 + self.noise]
+        return max(others, key=lambda m: m.tok_s, default=None)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict) -> "Profile":
+        def m(x: dict | None) -> Measured | None:
+            return Measured(**x) if x else None
+        d = dict(d)
+        d["chosen"] = m(d.get("chosen"))
+        d["by_kind"] = {k: Measured(**v) for k, v in d.get("by_kind", {}).items()}
+        return Profile(**d)
+
+
+def profile_path(model: ModelIdentity, engine: str, workload: str) -> Path:
+    raw = f"{model.key}--{engine}--{workload}"
+    return profiles_dir() / (re.sub(r"[^A-Za-z0-9._+-]", "_", raw) + ".json")
+
+
+def save_profile(p: Profile) -> Path:
+    out = profile_path(ModelIdentity(p.model, p.model_size, p.model_mtime), p.engine, p.workload)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(p.to_json(), indent=2), encoding="utf-8")
+    os.replace(tmp, out)
+    return out
+
+
+@dataclass(frozen=True)
+class Lookup:
+    profile: Profile | None
+    path: Path
+    note: str  # why no profile is used ("" when one is)
+
+
+def find_profile(model_path: Path, engine: Engine, workload: str) -> Lookup:
+    """The profile for this model file, engine and workload, if there is a fresh one."""
+    ident = ModelIdentity.of(model_path)
+    path = profile_path(ident, engine_identity(engine), workload)
+    if not path.is_file():
+        return Lookup(None, path, "")
+    try:
+        profile = Profile.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        return Lookup(None, path, f"profile {path} is unreadable ({exc}); run `bostudio tune` again")
+    if profile.version != VERSION:
+        return Lookup(None, path, f"profile {path} has format {profile.version}; run `bostudio tune` again")
+    try:
+        engine_built = engine.path.stat().st_mtime
+    except OSError:
+        engine_built = 0.0
+    if profile.created < ident.mtime:
+        return Lookup(None, path, f"profile {path.name} is older than the model file: ignored; run `bostudio tune`")
+    if profile.created < engine_built:
+        return Lookup(None, path, f"profile {path.name} is older than the engine build: ignored; run `bostudio tune`")
+    return Lookup(profile, path, "")
+
+
+DEFAULT_WORKLOAD = "code"
+
+
+def default_workload(model: str, config: Path | None = None) -> str:
+    """The workload whose profile `up` and the daemon use for `model` when none is given: from config.toml
+
+        [workload]
+        default = "code"                 # every model
+        "gemma-3-270m-q4_k_m" = "edit"   # one model (its name in `bostudio ls`)
+
+    else "code" (the agent work bostudio is made for)."""
+    from bostudio.catalog.config import config_table
+    from bostudio.errors import ConfigError
+
+    config = config or paths.config_file()
+    table = config_table("workload", config)
+    if not all(isinstance(v, str) and v for v in table.values()):
+        raise ConfigError(f"{config}: [workload] maps model names (or `default`) to a workload name",
+                          '[workload]\ndefault = "code"')
+    return table.get(model) or table.get("default") or DEFAULT_WORKLOAD

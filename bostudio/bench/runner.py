@@ -1,0 +1,256 @@
+"""The A/B runner: one llama-server per configuration, all from the same engine and model, started together;
+the same prompt goes to every configuration in turn (A B A B ...), so machine drift hits every side alike.
+
+I/O lives here (processes, HTTP); the figures are computed by `measure.summarise` (pure).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import httpx
+
+from bostudio import paths
+from bostudio.bench.measure import OFF, Sample
+from bostudio.bench.profiles import default_workload
+from bostudio.bench.workloads import CONTEXT_QUESTION, Task, filler_code
+from bostudio.catalog.resolve import model_name
+from bostudio.daemon.supervisor import free_loopback_port
+from bostudio.engine.argv import LaunchSpec, build_argv
+from bostudio.engine.discover import Engine
+from bostudio.errors import ConfigError, ServerError
+from bostudio.gguf import ModelInfo
+from bostudio.launch import decide_launch
+from bostudio.pairing.pair import choose, make_self_draft
+from bostudio.runtime.client import LlamaClient
+from bostudio.runtime.process import ServerProcess
+from bostudio.speculation import DRAFT_N_MAX, NGRAM_VARIANTS, SpecRequest, Speculator, parse_spec
+
+COMPLETION_TIMEOUT_S = 900.0  # one request on a loaded shared CPU can take minutes
+READY_TIMEOUT_S = 600.0
+DEFAULT_SELF_DRAFT = "Q2_K"
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """A configuration under test: its label (the JSON's `config`) and what llama-server runs."""
+
+    label: str
+    speculator: Speculator
+
+
+def config_names(value: str | None, engine: Engine, info: ModelInfo) -> list[str]:
+    """The --spec list; by default off, every n-gram variant the engine knows, and the model's MTP head."""
+    if value:
+        names = [v.strip() for v in value.split(",") if v.strip()]
+    else:
+        names = [v for v in NGRAM_VARIANTS if v in engine.spec_types]
+        names += ["mtp"] if info.has_mtp and "draft-mtp" in engine.spec_types else []
+    return [OFF] + [n for n in names if n not in (OFF, "none")]
+
+
+def resolve_config(name: str, info: ModelInfo, engine: Engine, ctx: int, note: Progress) -> BenchConfig:
+    """A --spec name to a configuration: off, an n-gram variant, auto[@WORKLOAD] (with the tuned profile, as
+    `up --workload` runs it), ngram, mtp, self-draft[:QUANT], draft:PATH. Drafts go through the pairing's compatibility check, as for `bostudio up`."""
+    if name == OFF:
+        return BenchConfig(OFF, Speculator("none", reason="baseline"))
+    if name in NGRAM_VARIANTS:
+        if name not in engine.spec_types:
+            raise ConfigError(f"this llama-server does not support --spec-type {name}",
+                              "build the pinned engine with `bostudio engine build`")
+        return BenchConfig(name, Speculator("ngram", (name,), reason=f"{name} with llama.cpp's defaults"))
+    if name == "self-draft" or name.startswith("self-draft:"):
+        quant = name.partition(":")[2] or DEFAULT_SELF_DRAFT
+        path = make_self_draft(info.path, quant, engine, log=note)
+        sp = choose(info, SpecRequest("draft", path), engine, ctx)[0].speculator
+        return BenchConfig(f"self-draft:{quant}", replace(sp, n_max=sp.n_max or DRAFT_N_MAX))
+    if name == "auto" or name.startswith("auto@"):
+        # auto as `up` runs it: the tuned profile of the workload (after @, else the configured default)
+        workload = name.partition("@")[2] or default_workload(model_name(info.path))
+        sp = choose(info, SpecRequest("auto"), engine, ctx, workload=workload)[0].speculator
+        return BenchConfig(f"auto@{workload}({sp.label})", sp)
+    request = parse_spec(name)
+    sp = choose(info, request, engine, ctx)[0].speculator
+    if request.mode == "draft":
+        assert request.draft is not None
+        return BenchConfig(f"draft-simple:{request.draft.name}", sp)
+    return BenchConfig(sp.label, sp)
+
+
+@dataclass
+class _Server:
+    config: BenchConfig
+    proc: ServerProcess
+    client: LlamaClient | None = None
+
+
+class Bench:
+    """The servers of one bench run. Use as a context manager: every server stops on exit."""
+
+    def __init__(self, info: ModelInfo, engine: Engine, configs: Sequence[BenchConfig], ctx: int,
+                 progress: Progress) -> None:
+        labels = [c.label for c in configs]
+        if len(set(labels)) != len(labels):
+            raise ConfigError("a configuration is listed twice in --spec", "name each configuration once")
+        self.info, self.engine, self.configs, self.ctx, self.progress = info, engine, configs, ctx, progress
+        # The memory plan's flags (offload, cache types) of the baseline, the same for every side.
+        decision = decide_launch(info, SpecRequest("off"), engine, ctx=ctx)
+        self.extra_args = decision.args
+        self.servers: list[_Server] = []
+
+    def argv(self, config: BenchConfig, port: int) -> list[str]:
+        spec = LaunchSpec(model=self.info.path, alias=model_name(self.info.path), port=port, ctx=self.ctx,
+                          speculator=config.speculator, n_parallel=1, extra_args=self.extra_args)
+        return build_argv(self.engine.path, self.engine.flags, spec)
+
+    def __enter__(self) -> "Bench":
+        logdir = paths.logs_dir() / "bench" / str(os.getpid())  # concurrent benches keep their own logs
+        try:
+            for c in self.configs:
+                port = free_loopback_port()
+                safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in c.label)
+                proc = ServerProcess(self.argv(c, port), port, logdir / f"{safe}.log")
+                self.servers.append(_Server(c, proc))
+                self.progress(f"starting llama-server for {c.label} (log: {proc.log_path})")
+                proc.start()
+            for s in self.servers:
+                s.proc.wait_ready(timeout=READY_TIMEOUT_S)
+                s.client = LlamaClient(s.proc.base_url, timeout=httpx.Timeout(COMPLETION_TIMEOUT_S, connect=5.0))
+                s.client.completion("def f():", 4, timeout=COMPLETION_TIMEOUT_S)  # warm-up: page in the weights
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s in self.servers:
+            if s.client is not None:
+                s.client.close()
+            s.proc.stop()
+
+    def send(self, server: _Server, prompt: str | list[int], tokens: int) -> dict:
+        assert server.client is not None
+        try:
+            # ignore_eos: a fixed output length, the same on every side of the comparison.
+            result = server.client.completion(prompt, tokens, timeout=COMPLETION_TIMEOUT_S, ignore_eos=True)
+        except httpx.HTTPError as exc:
+            raise ServerError(f"llama-server ({server.config.label}) failed a bench request: {exc}",
+                              f"see the log: {server.proc.log_path}") from exc
+        timings = result.get("timings")
+        if not isinstance(timings, dict):
+            raise ServerError(f"llama-server ({server.config.label}) sent no timings",
+                              f"see the log: {server.proc.log_path}")
+        return timings
+
+    def round(self, workload: str, ctx: int | None, prompt_id: int, prompt: str | list[int], tokens: int,
+              step: Callable[[str, dict], None], rotate: int = 0) -> list[Sample]:
+        """The same prompt to every configuration; the order rotates with `rotate` (A B, then B A ...).
+        `prompt_id` pairs the samples of this prompt."""
+        k = rotate % len(self.servers)
+        order = self.servers[k:] + self.servers[:k]
+        out = []
+        for s in order:
+            t = self.send(s, prompt, tokens)
+            out.append(Sample.from_timings(workload, ctx, s.config.label, prompt_id, t))
+            step(s.config.label, t)
+        return out
+
+    def context_prompt(self, length: int, variant: int) -> list[int]:
+        """`length` tokens: real code (the project's own source) then a question about it."""
+        client = self.servers[0].client
+        assert client is not None
+        question = client.tokenize(CONTEXT_QUESTION, add_special=False)
+        text = filler_code(variant)[: max(4096, length * 6)]  # a code token is rarely more than 6 chars
+        code = client.tokenize(text, add_special=True)
+        keep = length - len(question)
+        if keep <= 0 or len(code) < keep:
+            raise ConfigError(f"cannot fill {length} tokens of context with the project's code",
+                              "use a smaller --ctx value")
+        return code[:keep] + question
+
+
+def parse_ctx_list(value: str | None) -> list[int]:
+    """`4k,16k,32768` -> [4096, 16384, 32768]."""
+    if not value:
+        return []
+    out = []
+    for part in value.split(","):
+        p = part.strip().lower()
+        try:
+            n = int(float(p[:-1]) * 1024) if p.endswith("k") else int(p)
+        except ValueError:
+            raise ConfigError(f"--ctx value {part!r} is not a token count", "e.g. --ctx 4k,16k or --ctx 2048") from None
+        if n < 256:
+            raise ConfigError(f"--ctx {n} is too small for a context sweep", "use at least 256 tokens")
+        out.append(n)
+    return sorted(set(out))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one bench run does: workloads x runs, then the context sweep; `steps` for the progress bar."""
+
+    workloads: dict[str, tuple[Task, ...]]
+    runs: int
+    ctx_sweep: tuple[int, ...]
+    tokens: int | None  # overrides each task's own output length
+    repeat: bool
+    n_configs: int
+
+    @property
+    def steps(self) -> int:
+        per_run = sum(len(t) for t in self.workloads.values()) + len(self.ctx_sweep)
+        return per_run * self.runs * self.n_configs
+
+
+def run(bench: Bench, plan: Plan, progress: Callable[[int, int, str], None]) -> list[Sample]:
+    """Every round of `plan` on `bench`'s servers; progress(done, total, message) after each request."""
+    samples: list[Sample] = []
+    done = 0
+
+    def stepper(what: str) -> Callable[[str, dict], None]:
+        def step(label: str, t: dict) -> None:
+            nonlocal done
+            done += 1
+            tok = float(t.get("predicted_per_second") or 0.0)
+            progress(done, plan.steps, f"{what} {label}: {tok:.1f} tok/s, "
+                                       f"{t.get('draft_n_accepted', 0)}/{t.get('draft_n', 0)} accepted")
+        return step
+
+    prompt_id = 0
+    for r in range(plan.runs):
+        for name, tasks in plan.workloads.items():
+            for j, task in enumerate(tasks):
+                variant = 0 if plan.repeat else r + 31 * j  # tasks of one workload read different code
+                tokens = plan.tokens or task.tokens
+                what = f"run {r + 1}/{plan.runs} {name}/{task.name}"
+                # the order rotates with every prompt, so that even one run does not always start with off
+                samples += bench.round(name, None, prompt_id, task.prompt(variant), tokens, stepper(what),
+                                       prompt_id)
+                prompt_id += 1
+        for length in plan.ctx_sweep:
+            tokens = plan.tokens or 64
+            prompt = bench.context_prompt(length - tokens - 8, 0 if plan.repeat else r)
+            samples += bench.round("context", length, prompt_id, prompt, tokens,
+                                   stepper(f"run {r + 1}/{plan.runs} context {length}"), prompt_id)
+            prompt_id += 1
+    return samples
+
+
+def sweep_fits(info: ModelInfo, ctx_sweep: list[int], note: Progress) -> list[int]:
+    """The sweep lengths the model can hold (its training context); larger ones are dropped with a note."""
+    limit = info.n_ctx_train or max(ctx_sweep, default=0)
+    kept = [c for c in ctx_sweep if c <= limit]
+    for c in ctx_sweep:
+        if c > limit:
+            note(f"context {c} is beyond the model's training context ({limit}): left out of the sweep")
+    return kept
+
+
+def model_label(path: Path) -> str:
+    return model_name(path)

@@ -1,0 +1,262 @@
+"""Autotune: sweep the speculators the engine and model allow and their parameters, by successive halving
+within a time budget; choose the fastest, or off when nothing beats the baseline beyond the measured spread.
+
+`candidates`, `halve`, `choose_config` and `break_even_acceptance` are pure; `run_tune` is the edge (it
+launches llama-server through `runner.Bench`, one candidate at a time beside a baseline that stays up).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bostudio.bench.measure import OFF, Sample, accept_length
+from bostudio.bench.profiles import (Measured, ModelIdentity, Profile, engine_identity, save_profile,
+                                     speculator_to_json)
+from bostudio.speculation import Speculator
+
+MIN_NOISE = 0.03  # a 3% edge is within what a busy machine moves between two identical runs
+# Without a profile, the break-even acceptance assumed at run time: on this project's CPU measurements
+# (issue 12), n-gram speculation at ~50% acceptance ran at 0.92-0.97x of off on fresh code.
+DEFAULT_BREAK_EVEN = 0.55
+
+
+@dataclass(frozen=True)
+class Candidate:
+    label: str
+    speculator: Speculator
+
+
+def _ng(variant: str, **params: int) -> Candidate:
+    label = variant + "".join(f" {k}={v}" for k, v in params.items())
+    return Candidate(label, Speculator("ngram", (variant,), ngram_params=tuple((variant, k, v) for k, v in params.items()),
+                                       reason=f"tuned: {label}"))
+
+
+def candidates(engine_spec_types: Sequence[str], has_mtp: bool, draft: Path | None) -> list[Candidate]:
+    """The sweep: the n-gram types and their sizes, draft n_max 1..8 and p_min, MTP n_max, and n-gram + draft
+    combinations. Ordered so that a tight budget still sees every kind: first llama.cpp's default of each
+    type, then the parameter variants."""
+    have = set(engine_spec_types)
+    first: list[Candidate] = []
+    then: list[Candidate] = []
+    if "ngram-mod" in have:
+        first.append(_ng("ngram-mod"))
+        then += [_ng("ngram-mod", n_match=12, n_min=8, n_max=32), _ng("ngram-mod", n_match=16, n_min=16, n_max=48)]
+    if "ngram-simple" in have:
+        first.append(_ng("ngram-simple"))
+        then += [_ng("ngram-simple", size_n=6, size_m=16), _ng("ngram-simple", size_n=3, size_m=8)]
+    if "ngram-map-k" in have:
+        first.append(_ng("ngram-map-k"))
+        then.append(_ng("ngram-map-k", size_n=6, size_m=16))
+    if "ngram-map-k4v" in have:
+        first.append(_ng("ngram-map-k4v"))
+    if "ngram-cache" in have:
+        first.append(_ng("ngram-cache"))
+    if has_mtp and "draft-mtp" in have:
+        mtp = [Candidate(f"mtp n_max={n}", Speculator("mtp", ("draft-mtp",), n_max=n, reason=f"tuned: MTP n_max={n}"))
+               for n in (3, 1, 2, 4)]
+        first.append(mtp[0])
+        then += mtp[1:]
+    if draft is not None and "draft-simple" in have:
+        drafts = []
+        for n in (3, 1, 2, 4, 6, 8):
+            for p in (0.0, 0.5):
+                label = f"draft-simple n_max={n}" + (f" p_min={p:g}" if p else "")
+                drafts.append(Candidate(label, Speculator("draft", ("draft-simple",), draft=draft, n_max=n,
+                                                          p_min=p or None,
+                                                          reason=f"tuned: {label} with {draft.name}")))
+        first.append(drafts[0])
+        then += drafts[1:]
+        if "ngram-simple" in have:
+            then.append(Candidate("ngram-simple + draft-simple n_max=4", Speculator(
+                "draft", ("ngram-simple", "draft-simple"), draft=draft, n_max=4,
+                reason=f"tuned: ngram-simple with draft-simple n_max=4 ({draft.name})")))
+    return first + then
+
+
+@dataclass
+class Tally:
+    """A candidate's samples, each paired with the baseline's on the same prompt."""
+
+    candidate: Candidate
+    samples: list[Sample] = field(default_factory=list)
+    baseline: list[Sample] = field(default_factory=list)
+
+    @property
+    def ratios(self) -> list[float]:
+        return [s.tok_s / b.tok_s for s, b in zip(self.samples, self.baseline) if b.tok_s > 0]
+
+    @property
+    def speedup(self) -> float:
+        return statistics.median(self.ratios) if self.ratios else 0.0
+
+    @property
+    def tok_s(self) -> float:
+        return statistics.median(s.tok_s for s in self.samples) if self.samples else 0.0
+
+    def measured(self) -> Measured:
+        drafted = sum(s.drafted for s in self.samples)
+        accepted = sum(s.accepted for s in self.samples)
+        r = self.ratios or [0.0]
+        return Measured(self.candidate.label, speculator_to_json(self.candidate.speculator), self.tok_s,
+                        self.speedup, min(r), max(r), accepted / drafted if drafted else None,
+                        accept_length(sum(s.predicted for s in self.samples), accepted), len(self.samples))
+
+
+def halve(tallies: list[Tally]) -> list[Tally]:
+    """Successive halving: keep the better half by paired speed-up (at least one)."""
+    ranked = sorted(tallies, key=lambda t: t.speedup, reverse=True)
+    return ranked[:max(1, (len(ranked) + 1) // 2)]
+
+
+def noise_of(baseline: Sequence[float]) -> float:
+    """The relative spread of the baseline's own samples (half the min-max range over the median)."""
+    if len(baseline) < 2:
+        return MIN_NOISE
+    med = statistics.median(baseline)
+    return max(MIN_NOISE, (max(baseline) - min(baseline)) / 2 / med) if med > 0 else MIN_NOISE
+
+
+@dataclass(frozen=True)
+class Choice:
+    chosen: Tally | None  # None: off
+    noise: float
+    why: str
+
+
+def choose_config(tallies: Sequence[Tally], baseline_tok_s: Sequence[float]) -> Choice:
+    """The candidate with the best measured tok/s, if its paired speed-up beats 1 by more than the noise;
+    else off."""
+    noise = noise_of(baseline_tok_s)
+    measured = [t for t in tallies if t.samples]
+    if not measured:
+        return Choice(None, noise, "nothing was measured: speculation off")
+    best = max(measured, key=lambda t: (len(t.samples), t.tok_s))  # the finalists have the most samples
+    m = best.measured()
+    acc = f", acceptance {100 * m.acceptance:.0f}%" if m.acceptance is not None else ""
+    if best.speedup > 1.0 + noise:
+        return Choice(best, noise, f"tuned: {best.candidate.label} ran {best.speedup:.2f}x of off "
+                                   f"({best.tok_s:.1f} tok/s{acc}), beyond the measured spread of {100 * noise:.0f}%")
+    return Choice(None, noise, f"tuned: off - the best, {best.candidate.label}, ran {best.speedup:.2f}x of off{acc}, "
+                               f"not beyond the measured spread of {100 * noise:.0f}%")
+
+
+def break_even_acceptance(baseline_tok_s: float, m: Measured) -> float | None:
+    """The acceptance below which this configuration stops paying, predicted from its measured figures.
+
+    A step of speculation costs c forwards of the plain model: c = accept_len x off / spec (tok/s). It pays
+    while it commits more than c tokens per step, i.e. accepts more than c - 1 of the d tokens it drafts
+    per step, with d = (accept_len - 1) / acceptance."""
+    if not m.acceptance or not m.accept_len or m.accept_len <= 1.0 or m.tok_s <= 0:
+        return None
+    cost = m.accept_len * baseline_tok_s / m.tok_s
+    drafted_per_step = (m.accept_len - 1.0) / m.acceptance
+    return min(1.0, max(0.0, (cost - 1.0) / drafted_per_step))
+
+
+def best_by_kind(tallies: Sequence[Tally]) -> dict[str, Measured]:
+    out: dict[str, Tally] = {}
+    for t in tallies:
+        if not t.samples:
+            continue
+        k = t.candidate.speculator.kind
+        if k not in out or (len(t.samples), t.tok_s) > (len(out[k].samples), out[k].tok_s):
+            out[k] = t
+    return {k: t.measured() for k, t in out.items()}
+
+
+# ------------------------------------------------------------------------------------------------ the edge
+
+@dataclass(frozen=True)
+class TuneResult:
+    profile: Profile
+    path: Path
+    tallies: tuple[Tally, ...]
+    baseline: tuple[float, ...]
+    rounds: int
+    elapsed_s: float
+
+
+def run_tune(model_path: Path, engine, workload: str, tasks, budget_s: float, tokens: int | None,  # type: ignore[no-untyped-def]
+             draft: Path | None, progress: Callable[[str], None]) -> TuneResult:
+    """Successive halving within `budget_s`: every survivor is measured on fresh prompts, each paired with the
+    baseline on the same prompt; the better half goes on, on twice as many prompts, until one is left or the
+    budget is spent. Saves and returns the profile."""
+    from bostudio.bench.runner import Bench, BenchConfig
+    from bostudio.gguf import describe
+
+    info = describe(model_path)
+    started = time.monotonic()
+    ctx = 4096
+    pool = [Tally(c) for c in candidates(engine.spec_types, info.has_mtp, draft)]
+    baseline_tok: list[float] = []
+    variant = 0
+    per_round = 1
+    rounds = 0
+    off = BenchConfig(OFF, Speculator("none", reason="baseline"))
+    with Bench(info, engine, [off], ctx, progress) as base:
+        cost_per_pair: float | None = None
+        alive = pool
+        while alive:
+            rounds += 1
+            progress(f"round {rounds}: {len(alive)} candidate(s) x {per_round} prompt(s)")
+            measured_this_round = []
+            for t in alive:
+                spent = time.monotonic() - started
+                left = budget_s - spent
+                if cost_per_pair is not None and left < cost_per_pair * per_round:
+                    progress(f"budget: {spent:.0f} of {budget_s:.0f} s spent, stopping the sweep")
+                    alive = []
+                    break
+                t0 = time.monotonic()
+                with Bench(info, engine, [BenchConfig(t.candidate.label, t.candidate.speculator)], ctx,
+                           progress) as cand:
+                    for i in range(per_round):
+                        task = tasks[(variant + i) % len(tasks)]
+                        prompt = task.prompt(variant + i + 7 * rounds)
+                        n = tokens or task.tokens
+                        pid = len(t.samples)
+                        # the baseline and the candidate alternate who goes first (drift hits both alike)
+                        if pid % 2 == 0:
+                            b = base.round(workload, None, pid, prompt, n, lambda *_: None)[0]
+                            s = cand.round(workload, None, pid, prompt, n, lambda *_: None)[0]
+                        else:
+                            s = cand.round(workload, None, pid, prompt, n, lambda *_: None)[0]
+                            b = base.round(workload, None, pid, prompt, n, lambda *_: None)[0]
+                        t.baseline.append(b)
+                        t.samples.append(s)
+                        baseline_tok.append(b.tok_s)
+                pair_cost = (time.monotonic() - t0) / per_round
+                cost_per_pair = pair_cost if cost_per_pair is None else max(cost_per_pair, pair_cost)
+                measured_this_round.append(t)
+                progress(f"  {t.candidate.label}: {t.tok_s:.1f} tok/s, {t.speedup:.2f}x of off "
+                         f"({time.monotonic() - started:.0f}/{budget_s:.0f} s)")
+            if not alive or len(measured_this_round) <= 1:
+                break
+            variant += per_round
+            alive = halve(measured_this_round)
+            per_round *= 2
+    choice = choose_config(pool, baseline_tok)
+    base_med = statistics.median(baseline_tok) if baseline_tok else 0.0
+    chosen = choice.chosen.measured() if choice.chosen else None
+    ident = ModelIdentity.of(model_path)
+    profile = Profile(ident.name, ident.size, ident.mtime, engine_identity(engine), workload, chosen, base_med,
+                      choice.noise, choice.why, break_even_acceptance(base_med, chosen) if chosen else None,
+                      best_by_kind(pool), time.time())
+    path = save_profile(profile)
+    return TuneResult(profile, path, tuple(pool), tuple(baseline_tok), rounds, time.monotonic() - started)
+
+
+def predicted_break_even(model_path: Path, engine, workload: str | None) -> tuple[float, str]:  # type: ignore[no-untyped-def]
+    """The break-even acceptance for a running instance: its tuned profile's prediction, else the default."""
+    from bostudio.bench.profiles import find_profile
+
+    if workload:
+        found = find_profile(model_path, engine, workload)
+        if found.profile is not None and found.profile.break_even_acceptance is not None:
+            return found.profile.break_even_acceptance, f"profile {found.path.name}"
+    return DEFAULT_BREAK_EVEN, "default (no tuned profile)"

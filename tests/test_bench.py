@@ -1,0 +1,155 @@
+"""`bostudio bench` and `bostudio tune` end to end on the real Gemma model and the real llama-server.
+Verdicts are about consistency (fields, counters, the rule that picks), never about which side is faster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH_TIMEOUT_S = 1500
+# A shared, busy 2-core machine decodes the 270M model at 1-3 tok/s: these runs take minutes.
+pytestmark = pytest.mark.timeout(1800)
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    return dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CONFIG_HOME=str(tmp / "config"))
+
+
+@pytest.fixture(scope="module")
+def bench(gemma_gguf: Path, engine, tmp_path_factory) -> dict:
+    """One short bench: the chat workload (one task), a context sweep, off vs two n-gram variants, one run."""
+    tmp = tmp_path_factory.mktemp("bench")
+    png = tmp / "chart.png"
+    proc = subprocess.run([sys.executable, "-m", "bostudio", "bench", str(gemma_gguf), "--json", "--runs", "1",
+                           "--tokens", "12", "--workload", "chat", "--spec", "ngram-simple,ngram-mod",
+                           "--ctx", "1k", "--plot", str(png)],
+                          capture_output=True, text=True, env=_env(tmp), timeout=BENCH_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"doc": json.loads(proc.stdout), "stderr": proc.stderr, "png": png}
+
+
+def test_bench_json_has_every_field_of_the_contract(bench) -> None:
+    doc = bench["doc"]
+    assert isinstance(doc["model"], str) and isinstance(doc["engine"], str) and doc["runs"] == 1
+    keys = {"workload", "ctx", "config", "tok_s_median", "tok_s_min", "tok_s_max", "speedup", "speedup_min",
+            "speedup_max", "acceptance", "accept_len", "prompt_tok_s", "drafted", "accepted"}
+    rows = doc["results"]
+    assert {(r["workload"], r["ctx"]) for r in rows} == {("chat", None), ("context", 1024)}
+    assert {r["config"] for r in rows} == {"off", "ngram-simple", "ngram-mod"}
+    assert len(rows) == 6 and all(set(r) >= keys for r in rows)
+    proj = doc["projection"]
+    assert proj["decode_only"] is True and proj["turns"] > 0 and proj["tokens_per_turn"] > 0
+    assert set(proj["seconds_saved"]) == {"ngram-simple", "ngram-mod"}
+
+
+def test_bench_figures_are_consistent(bench) -> None:
+    rows = bench["doc"]["results"]
+    by = {(r["workload"], r["ctx"], r["config"]): r for r in rows}
+    for r in rows:
+        assert 0 < r["tok_s_min"] <= r["tok_s_median"] <= r["tok_s_max"]
+        assert 0 <= r["accepted"] <= r["drafted"]
+        assert r["prompt_tok_s"] is None or r["prompt_tok_s"] > 0
+        if r["config"] == "off":
+            assert r["speedup"] is None and r["drafted"] == 0 and r["acceptance"] is None
+            continue
+        off = by[(r["workload"], r["ctx"], "off")]
+        assert r["speedup"] == pytest.approx(r["tok_s_median"] / off["tok_s_median"])
+        assert r["speedup_min"] <= r["speedup"] * (1 + 1e-9) and r["speedup"] <= r["speedup_max"] * (1 + 1e-9)
+        if r["drafted"]:
+            assert r["acceptance"] == pytest.approx(r["accepted"] / r["drafted"])
+            assert r["accept_len"] >= 1.0
+
+
+def test_bench_progress_goes_to_stderr(bench) -> None:
+    lines = [ln for ln in bench["stderr"].splitlines() if ln.startswith("bench [")]
+    # 1 chat task + 1 sweep length, x 3 configurations
+    assert len(lines) == 6 and lines[-1].split()[2] == "6/6"
+
+
+def test_bench_png_is_a_valid_image(bench) -> None:
+    import matplotlib.image
+
+    png: Path = bench["png"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    img = matplotlib.image.imread(png)
+    assert img.shape[0] > 100 and img.shape[1] > 300  # two panels: the sweep and the chat workload
+    assert bench["doc"]["plot"] == str(png)
+
+
+def test_bench_refuses_a_bad_spec_in_one_line(gemma_gguf: Path, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "bostudio", "bench", str(gemma_gguf), "--spec", "ngram-fast",
+                           "--runs", "1"], capture_output=True, text=True, env=_env(tmp_path), timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("bostudio: config error: unknown --spec value 'ngram-fast'")
+
+
+@pytest.fixture(scope="module")
+def tuned(gemma_gguf: Path, engine, tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("tune")
+    proc = subprocess.run([sys.executable, "-m", "bostudio", "tune", str(gemma_gguf), "--workload", "edit",
+                           "--budget-s", "120", "--tokens", "16", "--json"],
+                          capture_output=True, text=True, env=_env(tmp), timeout=BENCH_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"out": json.loads(proc.stdout)[0], "tmp": tmp, "stderr": proc.stderr}
+
+
+def test_tune_picks_the_best_of_its_own_sweep_or_off(tuned) -> None:
+    out = tuned["out"]
+    p, sweep = out["profile"], out["sweep"]
+    assert p["workload"] == "edit" and sweep and Path(out["path"]).is_file()
+    most = max(m["samples"] for m in sweep)
+    finalists = [m for m in sweep if m["samples"] == most]
+    best = max(finalists, key=lambda m: m["tok_s"])
+    noise = p["noise"]
+    if p["chosen"] is None:
+        assert best["speedup"] <= 1 + noise and "off" in p["why"]
+    else:
+        assert p["chosen"]["label"] == best["label"]
+        assert p["chosen"]["speedup"] > 1 + noise
+        assert p["chosen"]["tok_s"] >= max(m["tok_s"] for m in finalists) * (1 - noise)
+        assert p["break_even_acceptance"] is None or 0 <= p["break_even_acceptance"] <= 1
+    # paired with off on the same prompts: as many baseline samples as candidate samples
+    assert len(out["baseline_tok_s"]) == sum(m["samples"] for m in sweep)
+    assert "tune: round 1:" in tuned["stderr"]
+
+
+def test_up_launches_with_the_tuned_profile(tuned, gemma_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bostudio.up import UpOptions, prepare_launch
+    from tests.netutil import free_port
+
+    tmp = tuned["tmp"]
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp / "state"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp / "config"))
+    p = tuned["out"]["profile"]
+    prep = prepare_launch(UpOptions(model=str(gemma_gguf), workload="edit", port=free_port()), note=lambda m: None)
+    argv = prep.argv
+    spec_type = argv[argv.index("--spec-type") + 1]
+    if p["chosen"] is None:
+        assert spec_type == "none"
+    else:
+        sp = p["chosen"]["speculator"]
+        assert spec_type == ",".join(sp["spec_types"])
+        for variant, name, value in sp["ngram_params"]:
+            flag = f"--spec-{variant}-{name.replace('_', '-')}"
+            assert argv[argv.index(flag) + 1] == str(value)
+        if sp["n_max"] is not None:
+            assert argv[argv.index("--spec-draft-n-max") + 1] == str(sp["n_max"])
+    assert "profile for workload 'edit'" in prep.launch.speculator.reason
+    # another workload has no profile: the pairing table's auto choice, as before
+    other = prepare_launch(UpOptions(model=str(gemma_gguf), workload="chat", port=free_port()), note=lambda m: None)
+    assert "profile" not in other.launch.speculator.reason
+    # a stale profile (older than the model file or the engine) is ignored with a note
+    path = Path(tuned["out"]["path"])
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps(dict(data, created=0.0)))
+    try:
+        stale = prepare_launch(UpOptions(model=str(gemma_gguf), workload="edit", port=free_port()),
+                               note=lambda m: None)
+        assert "older than" in stale.launch.speculator.reason and "ignored" in stale.launch.speculator.reason
+    finally:
+        path.write_text(json.dumps(data))

@@ -1,0 +1,382 @@
+"""bench/ and tune, the pure parts: figures from samples, the choice, break-even, profiles, the run-time
+policy on recorded stats, the shipped workloads. No engine needed."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bostudio.bench import profiles
+from bostudio.bench.measure import OFF, Sample, accept_length, project, report_json, summarise
+from bostudio.bench.tune import (DEFAULT_BREAK_EVEN, Candidate, Tally, break_even_acceptance, candidates,
+                                 choose_config, halve, noise_of)
+from bostudio.bench.workloads import SHIPPED, WORKLOADS, filler_code, resolve_workloads
+from bostudio.daemon import policy
+from bostudio.daemon.stats import InstanceStats
+from bostudio.engine.discover import Engine, KNOWN_SPEC_TYPES
+from bostudio.errors import ConfigError
+from bostudio.speculation import Speculator
+
+
+def s(config: str, run: int, tok: float, drafted: int = 0, accepted: int = 0, w: str = "code",
+      ctx: int | None = None, predicted: int = 64, prompt: float | None = 500.0) -> Sample:
+    return Sample(w, ctx, config, run, tok, prompt, predicted, drafted, accepted)
+
+
+# ------------------------------------------------------------------ figures
+
+def test_rows_speedup_is_the_ratio_of_medians_and_spread_the_paired_ratios() -> None:
+    samples = [s(OFF, 0, 40.0), s("ngram-simple", 0, 48.0, 40, 30),
+               s(OFF, 1, 50.0), s("ngram-simple", 1, 45.0, 40, 10),
+               s(OFF, 2, 44.0), s("ngram-simple", 2, 55.0, 40, 20)]
+    rows = {r.config: r for r in summarise(samples)}
+    off, ng = rows[OFF], rows["ngram-simple"]
+    assert (off.tok_s_median, off.tok_s_min, off.tok_s_max) == (44.0, 40.0, 50.0)
+    assert off.speedup is None and off.acceptance is None and off.drafted == 0
+    assert ng.speedup == pytest.approx(48.0 / 44.0)
+    assert ng.speedup_min == pytest.approx(45.0 / 50.0) and ng.speedup_max == pytest.approx(55.0 / 44.0)
+    assert ng.acceptance == pytest.approx(60 / 120) and (ng.drafted, ng.accepted) == (120, 60)
+    assert ng.accept_len == pytest.approx(192 / (192 - 60))
+    assert ng.prompt_tok_s == 500.0
+
+
+def test_rows_are_per_workload_and_context() -> None:
+    samples = [s(OFF, 0, 40.0, w="code"), s("x", 0, 44.0, w="code"), s(OFF, 0, 30.0, w="context", ctx=4096),
+               s("x", 0, 27.0, w="context", ctx=4096)]
+    rows = summarise(samples)
+    assert [(r.workload, r.ctx, r.config) for r in rows] == [
+        ("code", None, OFF), ("code", None, "x"), ("context", 4096, OFF), ("context", 4096, "x")]
+    assert rows[3].speedup == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize("predicted, accepted, expected", [
+    (64, 0, 1.0), (64, 32, 2.0), (100, 75, 4.0), (0, 0, None), (10, 10, None)])
+def test_accept_length_counts_the_targets_own_token(predicted: int, accepted: int, expected) -> None:
+    assert accept_length(predicted, accepted) == expected
+
+
+def test_projection_is_decode_only_seconds_saved() -> None:
+    rows = summarise([s(OFF, 0, 40.0), s("a", 0, 50.0), s(OFF, 0, 20.0, w="edit"), s("a", 0, 40.0, w="edit"),
+                      s(OFF, 0, 10.0, w="context", ctx=8192), s("a", 0, 100.0, w="context", ctx=8192)])
+    p = project(rows, turns=10, tokens_per_turn=100)
+    n = 1000
+    expected = statistics.mean([n / 40 - n / 50, n / 20 - n / 40])  # the sweep is left out
+    assert p.seconds_saved == {"a": pytest.approx(expected)}
+    assert p.to_json()["decode_only"] is True
+
+
+def test_report_json_has_the_contract_keys() -> None:
+    rows = summarise([s(OFF, 0, 40.0), s("a", 0, 50.0, 10, 5)])
+    doc = report_json("m", "e", 1, rows, project(rows))
+    assert set(doc) >= {"model", "engine", "runs", "results", "projection"}
+    keys = {"workload", "ctx", "config", "tok_s_median", "tok_s_min", "tok_s_max", "speedup", "speedup_min",
+            "speedup_max", "acceptance", "accept_len", "prompt_tok_s", "drafted", "accepted"}
+    assert all(set(r) == keys for r in doc["results"])
+    json.dumps(doc)  # serialisable
+
+
+def test_sample_from_timings() -> None:
+    t = {"predicted_per_second": 41.5, "prompt_per_second": 610.0, "predicted_n": 32, "draft_n": 20,
+         "draft_n_accepted": 9}
+    assert Sample.from_timings("code", None, "x", 2, t) == Sample("code", None, "x", 2, 41.5, 610.0, 32, 20, 9)
+    assert Sample.from_timings("code", None, OFF, 0, {"predicted_per_second": 40.0}).drafted == 0
+
+
+# ------------------------------------------------------------------ workloads
+
+def test_shipped_workloads_have_three_code_tasks_and_fixed_lengths() -> None:
+    assert set(SHIPPED) == set(WORKLOADS)
+    assert {t.name for t in SHIPPED["code"]} >= {"review", "tests", "refactor"}
+    for tasks in SHIPPED.values():
+        for t in tasks:
+            assert 32 <= t.tokens <= 256
+            a, b = t.prompt(0), t.prompt(1)
+            assert a and b and a != b, f"{t.workload}/{t.name}: a fresh prompt per run"
+            assert t.prompt(0) == a  # the same variant repeats exactly (--repeat)
+
+
+def test_code_tasks_read_the_projects_own_source() -> None:
+    root = Path(__file__).resolve().parent.parent / "bostudio"
+    for t in SHIPPED["code"] + SHIPPED["edit"]:
+        prompt = t.prompt(3)
+        assert "bostudio/" in prompt
+        path = prompt.split("`")[1].split(":")[0]
+        assert (root.parent / path).is_file(), path
+    assert filler_code(0).startswith("# file: bostudio/") and len(filler_code(0)) > 100_000
+
+
+def test_workload_files_and_unknown_names(tmp_path: Path) -> None:
+    f = tmp_path / "mine.txt"
+    f.write_text("Continue: def main():", encoding="utf-8")
+    w = resolve_workloads(["chat", str(f)])
+    assert list(w) == ["chat", "mine.txt"] and w["mine.txt"][0].prompt(5) == "Continue: def main():"
+    with pytest.raises(ConfigError, match="unknown workload"):
+        resolve_workloads(["poetry"])
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  ", encoding="utf-8")
+    with pytest.raises(ConfigError, match="empty"):
+        resolve_workloads([str(empty)])
+
+
+# ------------------------------------------------------------------ tune: candidates, halving, choice
+
+def test_candidates_cover_the_speculators_the_engine_and_model_allow(tmp_path: Path) -> None:
+    draft = tmp_path / "d.gguf"
+    c = candidates(KNOWN_SPEC_TYPES, has_mtp=True, draft=draft)
+    types = {t for x in c for t in x.speculator.spec_types}
+    assert types >= {"ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-simple",
+                     "draft-mtp"}
+    n_max = {x.speculator.n_max for x in c if x.speculator.kind == "draft"}
+    assert {1, 8} <= n_max and any(x.speculator.p_min for x in c)
+    assert any(len(x.speculator.spec_types) == 2 for x in c)  # n-gram + draft
+    assert len({x.label for x in c}) == len(c)
+    only_ngram = candidates(("none", "ngram-mod"), has_mtp=True, draft=None)
+    assert {x.speculator.spec_types for x in only_ngram} == {("ngram-mod",)}
+
+
+def tally(label: str, pairs: list[tuple[float, float]], drafted: int = 40, accepted: int = 20) -> Tally:
+    t = Tally(Candidate(label, Speculator("ngram", ("ngram-simple",))))
+    for i, (cand, base) in enumerate(pairs):
+        t.samples.append(s(label, i, cand, drafted, accepted))
+        t.baseline.append(s(OFF, i, base))
+    return t
+
+
+def test_halving_keeps_the_better_half_by_paired_ratio() -> None:
+    ts = [tally("a", [(40, 40)]), tally("b", [(60, 40)]), tally("c", [(30, 40)]), tally("d", [(50, 40)]),
+          tally("e", [(45, 40)])]
+    assert [t.candidate.label for t in halve(ts)] == ["b", "d", "e"]
+    assert [t.candidate.label for t in halve(ts[:1])] == ["a"]
+
+
+def test_choice_is_off_when_nothing_beats_the_baseline_beyond_the_spread() -> None:
+    base = [40.0, 42.0, 38.0, 40.0]
+    assert noise_of(base) == pytest.approx(0.05)
+    c = choose_config([tally("a", [(41, 40), (41, 40)]), tally("b", [(40.5, 40)])], base)
+    assert c.chosen is None and "off" in c.why and "spread of 5%" in c.why
+    c = choose_config([tally("a", [(48, 40), (47, 40)]), tally("b", [(60, 40)])], base)
+    # the finalist (most samples) is chosen, with its acceptance in the reason
+    assert c.chosen is not None and c.chosen.candidate.label == "a" and "acceptance 50%" in c.why
+    assert choose_config([], base).chosen is None
+
+
+def test_noise_has_a_floor() -> None:
+    assert noise_of([40.0]) == noise_of([40.0, 40.0]) == 0.03
+
+
+def test_break_even_acceptance_from_measured_figures() -> None:
+    m = tally("a", [(50, 40)], drafted=100, accepted=50).measured()
+    # 64 predicted, 50 accepted: accept_len 64/14; cost = L * 40/50; drafted per step (L-1)/0.5
+    L = 64 / 14
+    expected = (L * 40 / 50 - 1) / ((L - 1) / 0.5)
+    assert break_even_acceptance(40.0, m) == pytest.approx(expected)
+    slower = tally("b", [(30, 40)], drafted=100, accepted=50).measured()
+    assert break_even_acceptance(40.0, slower) > m.acceptance  # it does not pay at its own acceptance
+    none = tally("c", [(40, 40)], drafted=0, accepted=0).measured()
+    assert break_even_acceptance(40.0, none) is None
+
+
+# ------------------------------------------------------------------ profiles
+
+def fake_engine(tmp_path: Path, commit: str = "abc1234", backends=("cpu",)) -> Engine:
+    exe = tmp_path / "llama-server"
+    exe.write_text("#!/bin/sh\n")
+    return Engine(path=exe, source="built", commit=commit, backends=backends, spec_types=KNOWN_SPEC_TYPES)
+
+
+def make_profile(model: Path, engine: Engine, workload: str, created: float, chosen=True) -> profiles.Profile:
+    ident = profiles.ModelIdentity.of(model)
+    m = tally("ngram-simple", [(50, 40)]).measured() if chosen else None
+    return profiles.Profile(ident.name, ident.size, ident.mtime, profiles.engine_identity(engine), workload, m,
+                            40.0, 0.03, "tuned", 0.4, {"ngram": m} if m else {}, created)
+
+
+def test_profile_round_trip_and_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + b"\0" * 60)
+    eng = fake_engine(tmp_path)
+    p = make_profile(model, eng, "code", time.time() + 5)
+    path = profiles.save_profile(p)
+    assert path.parent == tmp_path / "state" / "bostudio" / "profiles"
+    found = profiles.find_profile(model, eng, "code")
+    assert found.profile == p and found.note == ""
+    assert found.profile.speculator.spec_types == ("ngram-simple",)
+    # another workload, engine commit or backend is another profile
+    assert profiles.find_profile(model, eng, "edit").profile is None
+    assert profiles.find_profile(model, replace(eng, commit="other"), "code").profile is None
+    assert profiles.find_profile(model, replace(eng, backends=("cpu", "cuda")), "code").profile is None
+
+
+def test_stale_profiles_are_ignored_with_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + b"\0" * 60)
+    eng = fake_engine(tmp_path)
+    now = time.time()
+    os.utime(eng.path, (now - 100, now - 100))
+    profiles.save_profile(make_profile(model, eng, "code", now - 50))
+    os.utime(model, (now, now))  # the model file changed after tuning: same name and size, newer
+    found = profiles.find_profile(model, eng, "code")
+    assert found.profile is None and "older than the model file" in found.note
+    os.utime(model, (now - 200, now - 200))
+    profiles.save_profile(make_profile(model, eng, "code", now - 50))
+    os.utime(eng.path, (now, now))  # the engine was rebuilt
+    found = profiles.find_profile(model, eng, "code")
+    assert found.profile is None and "older than the engine build" in found.note
+    found.path.write_text("{not json", encoding="utf-8")
+    assert "unreadable" in profiles.find_profile(model, eng, "code").note
+
+
+def test_next_best_is_another_kind_that_beat_off(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    p = make_profile(model, fake_engine(tmp_path), "code", time.time())
+    draft = replace(tally("draft", [(46, 40)]).measured(), speculator={**p.chosen.speculator, "kind": "draft"})
+    slow = replace(draft, speedup=1.01)
+    assert replace(p, by_kind={"ngram": p.chosen, "draft": draft}).next_best() == draft
+    assert replace(p, by_kind={"ngram": p.chosen, "draft": slow}).next_best() is None
+
+
+def test_default_workload_from_config(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    assert profiles.default_workload("gemma", cfg) == "code"
+    cfg.write_text('[workload]\ndefault = "chat"\n"gemma" = "edit"\n', encoding="utf-8")
+    assert profiles.default_workload("gemma", cfg) == "edit"
+    assert profiles.default_workload("other", cfg) == "chat"
+    cfg.write_text('[workload]\ndefault = 3\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"\[workload\]"):
+        profiles.default_workload("gemma", cfg)
+
+
+# ------------------------------------------------------------------ run-time policy on recorded stats
+
+# Recorded `timings` of three requests on the Gemma model: fresh prose under ngram-mod (little to copy)
+# and a code rewrite under ngram-simple (the answer repeats the prompt).
+PROSE = [{"predicted_n": 64, "predicted_ms": 1700.0, "predicted_per_second": 37.6, "prompt_per_second": 520.0,
+          "draft_n": 48, "draft_n_accepted": 9},
+         {"predicted_n": 64, "predicted_ms": 1650.0, "predicted_per_second": 38.8, "draft_n": 32,
+          "draft_n_accepted": 6},
+         {"predicted_n": 64, "predicted_ms": 1690.0, "predicted_per_second": 37.9, "draft_n": 40,
+          "draft_n_accepted": 11}]
+REWRITE = [{"predicted_n": 160, "predicted_ms": 2300.0, "predicted_per_second": 69.6, "draft_n": 150,
+            "draft_n_accepted": 121},
+           {"predicted_n": 160, "predicted_ms": 2500.0, "predicted_per_second": 64.0, "draft_n": 140,
+            "draft_n_accepted": 98},
+           {"predicted_n": 160, "predicted_ms": 2200.0, "predicted_per_second": 72.7, "draft_n": 150,
+            "draft_n_accepted": 130}]
+
+
+def replay(timings: list[dict]) -> InstanceStats:
+    st = InstanceStats()
+    for t in timings:
+        st.requests += 1
+        st.add_timings(t)
+    return st
+
+
+def test_prose_falls_below_break_even_and_auto_relaunches_when_idle() -> None:
+    st = replay(PROSE)
+    v = policy.judge_acceptance(st.draft_tokens, st.draft_accepted, st.requests, DEFAULT_BREAK_EVEN)
+    assert v.state == "below" and v.acceptance == pytest.approx(26 / 120) and "below the break-even" in v.detail
+    assert policy.fallback_action(v, "auto", speculating=True, busy=False) == policy.RELAUNCH
+    assert policy.fallback_action(v, "auto", speculating=True, busy=True) == policy.FLAG  # waits for idle
+    assert policy.fallback_action(v, "ngram", speculating=True, busy=False) == policy.FLAG  # the user chose it
+    assert policy.fallback_action(v, "auto", speculating=False, busy=False) == policy.NONE  # already off
+
+
+def test_rewrite_stays_above_break_even() -> None:
+    st = replay(REWRITE)
+    v = policy.judge_acceptance(st.draft_tokens, st.draft_accepted, st.requests, DEFAULT_BREAK_EVEN)
+    assert v.state == "ok" and v.acceptance == pytest.approx(349 / 440)
+    assert policy.fallback_action(v, "auto", speculating=True, busy=False) == policy.NONE
+
+
+def test_too_little_data_is_no_verdict() -> None:
+    st = replay(PROSE[:1])
+    v = policy.judge_acceptance(st.draft_tokens, st.draft_accepted, st.requests, DEFAULT_BREAK_EVEN)
+    assert v.state == "unknown"
+    assert policy.fallback_action(v, "auto", speculating=True, busy=False) == policy.NONE
+
+
+def test_a_profiles_break_even_decides() -> None:
+    st = replay(PROSE)
+    v = policy.judge_acceptance(st.draft_tokens, st.draft_accepted, st.requests, break_even=0.15)
+    assert v.state == "ok"  # a profile that predicts a low break-even keeps speculation on
+
+
+# ------------------------------------------------------------------ the daemon acting on the policy
+
+def test_daemon_flags_then_relaunches_an_idle_auto_instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor's wiring: flagged in to_json (ps) and in the events; under auto, relaunched once idle,
+    with speculation off for this workload until the workload changes."""
+    import asyncio
+
+    from bostudio.daemon.events import EventBus
+    from bostudio.daemon.supervisor import READY, Instance, ModelConfig, Supervisor, SupervisorOptions
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    bus = EventBus()
+    sup = Supervisor(SupervisorOptions(), bus)
+    restarted: list[str] = []
+
+    async def restart(name: str):  # type: ignore[no-untyped-def]
+        restarted.append(name)
+
+    sup.restart = restart  # type: ignore[method-assign]
+    cfg = ModelConfig("m", tmp_path / "m.gguf", 4096, "auto")
+    inst = Instance(cfg, state=READY, speculator=Speculator("ngram", ("ngram-mod",)))
+    inst.stats = replay(PROSE)
+    inst.active = 1  # a request in flight: flagged, not relaunched
+    sup.instances["m"] = inst
+
+    asyncio.run(sup._check_speculation(inst))
+    row = inst.to_json()
+    assert row["spec_flagged"] and row["spec_check"]["state"] == "below" and restarted == []
+    flagged = [e for e in bus.recent if e["type"] == "speculation"]
+    assert len(flagged) == 1 and flagged[0]["flagged"] and "relaunching without it when idle" in flagged[0]["message"]
+
+    inst.active = 0  # the next idle moment
+    asyncio.run(sup._check_speculation(inst))
+    assert restarted == ["m"] and cfg.auto_off == "code" and "below the break-even" in cfg.auto_off_reason
+    assert any(e.get("relaunch") for e in bus.recent if e["type"] == "speculation")
+    assert inst.to_json()["auto_off"]["workload"] == "code"
+    # the same policy under an explicit mode only flags
+    inst2 = Instance(ModelConfig("n", tmp_path / "n.gguf", 4096, "ngram"), state=READY,
+                     speculator=Speculator("ngram", ("ngram-mod",)))
+    inst2.stats = replay(PROSE)
+    asyncio.run(sup._check_speculation(inst2))
+    assert inst2.to_json()["spec_flagged"] and restarted == ["m"]
+    # another workload: auto may speculate again (auto_off names the old one)
+    sup.configs["m"] = cfg
+    sup.register("m", workload="edit")
+    assert cfg.resolved_workload() == "edit" != cfg.auto_off
+
+
+def test_fallback_takes_the_next_best_kind_else_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bostudio.daemon.supervisor import fallback_speculator
+    from bostudio.gguf import describe
+    from tests.gguf_factory import tiny_llama
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    info = describe(tiny_llama(tmp_path / "t.gguf"))
+    eng = fake_engine(tmp_path)
+    os.utime(eng.path, (time.time() - 100, time.time() - 100))
+    sp = fallback_speculator(info, eng, "code", "acceptance 20% is below the break-even of 55%")
+    assert sp.kind == "none" and "until the workload changes" in sp.reason  # no profile
+    p = make_profile(info.path, eng, "code", time.time() + 5)
+    mtp = replace(tally("mtp", [(50, 40)]).measured(), label="mtp n_max=2",
+                  speculator=speculator_json_mtp())
+    profiles.save_profile(replace(p, by_kind={"ngram": p.chosen, "mtp": mtp}))
+    sp = fallback_speculator(info, eng, "code", "acceptance 20% is below the break-even of 55%")
+    assert sp.kind == "mtp" and sp.n_max == 2 and "next-best profile entry mtp n_max=2" in sp.reason
+
+
+def speculator_json_mtp() -> dict:
+    return profiles.speculator_to_json(Speculator("mtp", ("draft-mtp",), n_max=2))
