@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Iterable
 
 from bostudio.errors import PlanError
 from bostudio.hardware.device import Device
-from bostudio.planner.memory import (GIB, MIB, ContextSettings, compute_buffer_bytes, cpu_repack_bytes,
-                                     host_weight_bytes, kv_cache_bytes, max_gpu_layers, output_buffer_bytes,
-                                     output_growth_bytes, platform_overhead, recurrent_state_bytes, weight_split)
+from bostudio.planner.memory import (GIB, MIB, ContextSettings, attention_layers, compute_buffer_bytes,
+                                     cpu_repack_bytes, host_weight_bytes, kv_cache_bytes, max_gpu_layers,
+                                     output_buffer_bytes, output_growth_bytes, platform_overhead,
+                                     recurrent_layer_count, recurrent_state_bytes, weight_split)
 from bostudio.speculation import NGRAM, Speculator
 
 if TYPE_CHECKING:
@@ -119,6 +120,9 @@ class PlanOption:
     uses: tuple[Use, ...]
     budgets: tuple[tuple[str, int], ...]
     reason: str = ""
+    # Several offload devices: each one's layer count in llama.cpp's order (-dev NAMES -ts COUNTS).
+    split: tuple[tuple[str, int], ...] = ()
+    draft_device: str | None = None  # where the draft model runs (-devd), when the plan must say
 
     def device_bytes(self, device: str) -> int:
         return sum(u.bytes for u in self.uses if u.device == device)
@@ -166,8 +170,13 @@ class Plan:
                 "-ctk", i.cache_type_k, "-ctv", i.cache_type_v, "-fit", "off"]
         if i.cache_type_v not in ("f16", "bf16", "f32") or not i.flash_attn:
             args += ["-fa", "on" if i.flash_attn else "off"]  # a quantized V cache needs flash attention
+        if o.split:
+            # name the devices (their order is the -ts order) and fix each one's share of the layers
+            args += ["-dev", ",".join(name for name, _ in o.split), "-ts", ",".join(str(c) for _, c in o.split)]
         if _plan_kind(o.speculator) == "draft":
             args += ["-ngld", str(o.n_gpu_layers_draft)]
+            if o.draft_device is not None:
+                args += ["-devd", o.draft_device]
         if _plan_kind(o.speculator) in ("draft", "mtp"):
             args += ["-ctkd", i.draft_cache_type_k, "-ctvd", i.draft_cache_type_v]
         return args
@@ -202,20 +211,113 @@ def _spread(total: int, gpus: list[Device], component: str) -> list[Use]:
     return out
 
 
-def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, speculator: Speculator,
-                n_ctx: int, n_gpu_layers: int, draft: "ModelInfo | None" = None) -> tuple[list[Use], int]:
-    """Every component's bytes on every device for one configuration; also the draft's -ngld."""
-    spec = _spec(speculator, draft, intent)
-    devs = list(devices)
-    gpus = [d for d in devs if d.is_gpu]
-    host = next((d.label for d in devs if not d.is_gpu), "CPU")
-    if not gpus:
-        n_gpu_layers = 0
-    s = _settings(intent, spec, n_ctx)
-    mtp = spec.kind == "mtp"
-    uses: list[Use] = []
-    n_all = model.n_block if mtp else model.n_layer
+def llama_device_order(devices: Iterable[Device]) -> list[Device]:
+    """The offload devices in llama.cpp's order: RPC devices first, then local GPUs
+    (src/llama.cpp: "add RPC servers at the front of the list to minimize network transfers")."""
+    gpus = [d for d in devices if d.is_gpu]
+    return [d for d in gpus if d.remote] + [d for d in gpus if not d.remote]
 
+
+def multi_device(devices: Iterable[Device]) -> bool:
+    """More than one offload device, or a remote one: layers are split explicitly (-dev/-ts)."""
+    gpus = [d for d in devices if d.is_gpu]
+    return len(gpus) > 1 or any(d.remote for d in gpus)
+
+
+def layer_counts(n_gpu_layers: int, gpus: list[Device], budgets: dict[str, int]) -> list[int]:
+    """How many of the `n_gpu_layers` offloaded layers (the output layer counting as one, last)
+    each device gets, in llama.cpp's order, in proportion to its budget (largest remainder).
+    Passed as `-ts` counts, llama.cpp's split points fall exactly on these boundaries
+    (llama-model.cpp: device = upper_bound(cumulative split, j / ngl))."""
+    if not gpus or n_gpu_layers <= 0:
+        return [0] * len(gpus)
+    weights = [max(1, budgets.get(g.label, 0)) for g in gpus]
+    total = sum(weights)
+    exact = [n_gpu_layers * w / total for w in weights]
+    counts = [int(x) for x in exact]
+    for k in sorted(range(len(gpus)), key=lambda k: -(exact[k] - counts[k]))[:n_gpu_layers - sum(counts)]:
+        counts[k] += 1
+    return counts
+
+
+def device_layers(model: "ModelInfo", n_gpu_layers: int, counts: list[int]) -> list[list[int]]:
+    """The layer indices each device holds (n_block = the output layer), from its -ts count."""
+    start = model.n_block + 1 - sum(counts)
+    out, il = [], start
+    for c in counts:
+        out.append(list(range(il, il + c)))
+        il += c
+    return out
+
+
+def fastest_device(devices: Iterable[Device]) -> Device:
+    """Where a draft runs best: a local GPU (a draft decodes token by token, so each step on a remote
+    device pays a network round trip), the one with the most bandwidth, then the most memory; with
+    no local GPU, the host (its RAM is local too)."""
+    devs = list(devices)
+    local = [d for d in devs if d.is_gpu and not d.remote]
+    if local:
+        return max(local, key=lambda d: (d.bandwidth_gbs or 0.0, d.usable_bytes, -devs.index(d)))
+    return next((d for d in devs if not d.is_gpu), devs[0])
+
+
+def _multi_uses(model: "ModelInfo", devs: list[Device], intent: Intent, s: ContextSettings, host: str,
+                n_gpu_layers: int, mtp: bool) -> list[Use]:
+    """Weights, KV cache, recurrent state and compute buffers layer by layer over several offload
+    devices (RPC workers and local GPUs), each device's share from layer_counts()."""
+    gpus = llama_device_order(devs)
+    budgets = _budgets(devs, intent.reserve)
+    ngl = max(0, min(n_gpu_layers, model.n_block + 1))
+    counts = layer_counts(ngl, gpus, budgets)
+    layers = device_layers(model, ngl, counts)
+    uses: list[Use] = []
+    ws = weight_split(model, ngl, load_nextn=mtp)
+    out = model.output_bytes or model.token_embd_bytes
+    on_gpus = 0
+    for g, ls in zip(gpus, layers):
+        b = sum(model.layer_bytes[il] for il in ls if il < model.n_layer or (mtp and il < model.n_block))
+        if model.n_block in ls:
+            b += model.other_bytes + out
+        on_gpus += b
+        uses.append(Use(g.label, "weights", b))
+    uses.append(Use(host, "weights", ws.cpu + max(0, ws.gpu - on_gpus)))
+    n_all = model.n_block if mtp else model.n_layer
+    uses.append(Use(host, "weights (CPU repack)", cpu_repack_bytes(model, 1 - ws.gpu_layers / max(1, n_all))))
+    kv_total = kv_cache_bytes(model, s).total
+    attn = set(attention_layers(model))
+    kv_gpus = 0
+    rs = recurrent_state_bytes(model, s)
+    n_rec = recurrent_layer_count(model)
+    rs_gpus = 0
+    for g, ls in zip(gpus, layers):
+        mine = [il for il in ls if il in attn]
+        kv = kv_cache_bytes(model, s, layers=mine).total if mine else 0
+        kv_gpus += kv
+        uses.append(Use(g.label, "KV cache", kv))
+        if n_rec:
+            r = rs * sum(1 for il in ls if il < model.n_layer and _is_recurrent(model, il)) // n_rec
+            rs_gpus += r
+            uses.append(Use(g.label, "recurrent state", r))
+    uses.append(Use(host, "KV cache", max(0, kv_total - kv_gpus)))
+    uses.append(Use(host, "recurrent state", max(0, rs - rs_gpus)))
+    compute = compute_buffer_bytes(model, s)
+    holders = [g for g, ls in zip(gpus, layers) if ls]
+    # each device holding layers reserves its own graph buffer: the whole estimate is the safe side
+    uses += [Use(g.label, "compute buffer", compute) for g in holders]
+    host_has_layers = sum(counts) < model.n_block + 1
+    uses.append(Use(host, "compute buffer", compute if host_has_layers or not holders else
+                    min(s.n_ubatch, s.n_ctx) * model.n_embd * 4 * 2))
+    return uses
+
+
+def _is_recurrent(model: "ModelInfo", il: int) -> bool:
+    return il < len(model.recurrent_layers) and bool(model.recurrent_layers[il])
+
+
+def _single_uses(model: "ModelInfo", gpus: list[Device], host: str, s: ContextSettings, n_gpu_layers: int,
+                 mtp: bool, n_all: int) -> list[Use]:
+    """Target weights, KV cache, recurrent state and compute buffers with at most one offload device."""
+    uses: list[Use] = []
     # target weights
     if n_gpu_layers == 0:
         uses.append(Use(host, "weights", host_weight_bytes(model, load_nextn=mtp)))
@@ -244,6 +346,28 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
         uses.append(Use(host, "compute buffer", host_compute))
     else:
         uses.append(Use(host, "compute buffer", compute))
+    return uses
+
+
+def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, speculator: Speculator,
+                n_ctx: int, n_gpu_layers: int, draft: "ModelInfo | None" = None) -> tuple[list[Use], int]:
+    """Every component's bytes on every device for one configuration; also the draft's -ngld."""
+    spec = _spec(speculator, draft, intent)
+    devs = list(devices)
+    gpus = [d for d in devs if d.is_gpu]
+    host = next((d.label for d in devs if not d.is_gpu), "CPU")
+    if not gpus:
+        n_gpu_layers = 0
+    s = _settings(intent, spec, n_ctx)
+    mtp = spec.kind == "mtp"
+    uses: list[Use] = []
+    n_all = model.n_block if mtp else model.n_layer
+
+    multi = bool(gpus and n_gpu_layers and multi_device(devs))
+    if multi:
+        uses += _multi_uses(model, devs, intent, s, host, n_gpu_layers, mtp)
+    else:
+        uses += _single_uses(model, gpus, host, s, n_gpu_layers, mtp, n_all)
     uses.append(Use(host, "output buffer", output_buffer_bytes(model, s)))
     uses.append(Use(host, RUNTIME_OUTPUT, output_growth_bytes(model, s)))
 
@@ -252,9 +376,9 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
         d = spec.draft
         ds = replace(s, cache_type_k=spec.cache_type_k, cache_type_v=spec.cache_type_v,
                      n_rs_seq=0, n_outputs_max=0)
-        # A draft pays only next to its target's GPU: it is placed whole on the first GPU, and it is
-        # the target's layers that move to the host when both do not fit (-ngld all).
-        dev = gpus[0].label if gpus else host
+        # The draft goes whole on the fastest device (a local GPU, else the host: never a remote one),
+        # and it is the target's layers that move when both do not fit (-ngld all, -devd).
+        dev = fastest_device(devs).label
         if dev == host:
             uses.append(Use(host, "draft weights", host_weight_bytes(d)))
             uses.append(Use(host, "draft weights (CPU repack)", cpu_repack_bytes(d)))
@@ -271,7 +395,7 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
         ms = replace(s, cache_type_k=spec.cache_type_k, cache_type_v=spec.cache_type_v,
                      n_rs_seq=0, n_outputs_max=0)
         nextn = list(range(model.n_layer, model.n_block))
-        dev = gpus[0].label if (gpus and n_gpu_layers) else host  # NextN layers are the last ones
+        dev = _last_layer_device(model, devs, intent, n_gpu_layers) or host  # NextN layers are the last ones
         uses.append(Use(dev, "MTP KV cache", kv_cache_bytes(model, ms, layers=nextn).total))
         uses.append(Use(dev, "MTP compute buffer", compute_buffer_bytes(model, ms, layers=nextn)))
         uses.append(Use(host, "MTP output buffer", output_buffer_bytes(model, ms)))
@@ -282,8 +406,25 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
     return [u for u in uses if u.bytes], ngld
 
 
+def _last_layer_device(model: "ModelInfo", devs: list[Device], intent: Intent, n_gpu_layers: int) -> str | None:
+    """The offload device holding the last layers (and the output), None when they stay on the host."""
+    gpus = llama_device_order(devs)
+    if not gpus or not n_gpu_layers:
+        return None
+    if not multi_device(devs):
+        return gpus[0].label
+    counts = layer_counts(min(n_gpu_layers, model.n_block + 1), gpus, _budgets(devs, intent.reserve))
+    return next((g.label for g, c in zip(reversed(gpus), reversed(counts)) if c), None)
+
+
 def _budgets(devices: Iterable[Device], reserve: int) -> dict[str, int]:
-    return {d.label: max(0, d.usable_bytes - reserve) for d in devices}
+    """What the plan may put on each device: its usable memory less the reserve, and never more
+    than a budget the user set (an RPC worker's budget_mib)."""
+    out = {}
+    for d in devices:
+        b = max(0, d.usable_bytes - reserve)
+        out[d.label] = b if d.budget_bytes is None else min(b, d.budget_bytes)
+    return out
 
 
 def _fits(uses: list[Use], devices: list[Device], budgets: dict[str, int]) -> bool:
@@ -338,6 +479,25 @@ def largest_ctx(model: "ModelInfo", devices: list[Device], intent: Intent, specu
     return lo * CTX_STEP
 
 
+def placement(model: "ModelInfo", devices: Iterable[Device], intent: Intent, speculator: Speculator,
+              n_gpu_layers: int) -> tuple[tuple[tuple[str, int], ...], str | None]:
+    """(-dev/-ts split, -devd device) of a configuration: the split only with several offload
+    devices or a remote one; the draft device whenever the draft could otherwise land elsewhere
+    than on the fastest device (llama.cpp's default spreads it like the target)."""
+    devs = list(devices)
+    split: tuple[tuple[str, int], ...] = ()
+    if multi_device(devs):
+        gpus = llama_device_order(devs)
+        ngl = max(0, min(n_gpu_layers, model.n_block + 1))
+        counts = layer_counts(ngl, gpus, _budgets(devs, intent.reserve))
+        split = tuple((g.label, c) for g, c in zip(gpus, counts))
+    draft_device = None
+    if _plan_kind(speculator) == "draft" and (multi_device(devs) or any(d.remote for d in devs)):
+        fast = fastest_device(devs)
+        draft_device = fast.label if fast.is_gpu else "none"  # "none": the draft stays on the host
+    return split, draft_device
+
+
 def fit_option(model: "ModelInfo", devices: Iterable[Device], intent: Intent, speculator: Speculator,
                draft: "ModelInfo | None" = None) -> PlanOption:
     """Most offload first, then the most context: keep every layer on the GPUs while the context
@@ -371,7 +531,9 @@ def fit_option(model: "ModelInfo", devices: Iterable[Device], intent: Intent, sp
     ctx, ngl = best
     uses, ngld = memory_uses(model, devs, intent, speculator, ctx, ngl, draft)
     reason = "" if ctx >= want else f"only {ctx} tokens fit (wanted {want})"
-    return PlanOption(speculator, True, ctx, ngl, ngld, tuple(uses), tuple(budgets.items()), reason)
+    split, draft_device = placement(model, devs, intent, speculator, ngl)
+    return PlanOption(speculator, True, ctx, ngl, ngld, tuple(uses), tuple(budgets.items()), reason,
+                      split, draft_device)
 
 
 def _bytes_per_token(model: "ModelInfo", devices: list[Device], intent: Intent, option: PlanOption) -> float:

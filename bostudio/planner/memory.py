@@ -365,7 +365,9 @@ def host_weight_bytes(m: "ModelInfo", load_nextn: bool = False) -> int:
 # Memory a backend takes before any model buffer: driver context, kernels, library workspaces.
 # Typical figures, not measured here (no GPU on the build machine): a plan keeps them as a margin.
 PLATFORM_OVERHEAD = {"cuda": 400 * MIB, "hip": 512 * MIB, "musa": 400 * MIB, "sycl": 512 * MIB,
-                     "vulkan": 256 * MIB, "metal": 64 * MIB, "cpu": 0, "unknown": 256 * MIB}
+                     "vulkan": 256 * MIB, "metal": 64 * MIB, "cpu": 0, "unknown": 256 * MIB,
+                     # an RPC device's backend overhead is paid in the worker's own rpc-server process
+                     "rpc": 0}
 
 
 def platform_overhead(backend: str) -> int:
