@@ -42,9 +42,10 @@ BASE_FLAGS = (
     "-DGGML_RPC=ON",  # the RPC backend: llama-server --rpc, and rpc-server for worker machines
 )
 
-TARGETS = ("llama-server", "llama-quantize", "llama-fit-params", "test-llama-archs", "rpc-server")
+TARGETS = ("llama-server", "llama-quantize", "llama-fit-params", "test-llama-archs", "ggml-rpc-server")
 
 MANIFEST = "engine.json"
+RPC_SERVER = "ggml-rpc-server"  # tools/rpc: exposes this machine's devices to another's llama-server --rpc
 
 # Where toolkits install off PATH.
 ROCM_DIRS: tuple[str, ...] = ("/opt/rocm/bin",)
@@ -184,8 +185,8 @@ class BuiltEngine:
 
     @property
     def has_rpc(self) -> bool:
-        """Built with the RPC backend (GGML_RPC=ON): its rpc-server is there."""
-        return self.tool("rpc-server").exists()
+        """Built with the RPC backend (GGML_RPC=ON): its ggml-rpc-server is there."""
+        return self.tool(RPC_SERVER).exists()
 
 
 def read_manifest(engine_dir: Path) -> BuiltEngine | None:

@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bostudio.engine.build import built_engines
+from bostudio.engine.build import RPC_SERVER, built_engines
 from bostudio.errors import EngineError
 
 PROBE_TIMEOUT_S = 20.0
@@ -68,10 +68,28 @@ class Engine:
         cand = self.path.parent / name
         return cand if cand.exists() else None
 
+    @property
+    def rpc_server(self) -> Path | None:
+        """The build's ggml-rpc-server (serves this machine's devices to another llama-server)."""
+        return self.tool(RPC_SERVER)
+
+    @property
+    def has_rpc(self) -> bool:
+        """Can use RPC workers (`--rpc`): built with GGML_RPC=ON."""
+        return "--rpc" in self.flags and "rpc" in self.backends
+
+    def require_rpc(self) -> None:
+        if not self.has_rpc:
+            raise EngineError(f"{self.path} was built without the RPC backend, so it cannot use RPC workers",
+                              "build the engine with `bostudio engine build` (it adds GGML_RPC=ON), "
+                              "or pass an --engine built with -DGGML_RPC=ON")
+
     def to_json(self) -> dict:
         data = asdict(self)
         data["path"] = str(self.path)
         data["flags"] = sorted(self.flags)
+        data["rpc"] = self.has_rpc
+        data["rpc_server"] = str(self.rpc_server) if self.rpc_server else None
         return data
 
 

@@ -13,11 +13,14 @@ import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from bostudio.engine.discover import EngineDevice, parse_devices
 from bostudio.hardware.device import MIB, Device
 from bostudio.rpc.workers import Worker
+
+if TYPE_CHECKING:
+    from bostudio.engine.discover import Engine
 
 CONNECT_TIMEOUT_S = 3.0
 PROBE_TIMEOUT_S = 15.0
@@ -110,3 +113,26 @@ def pool_devices(probes: Iterable[WorkerProbe]) -> tuple[Device, ...]:
 def rpc_arg(probes: Iterable[WorkerProbe]) -> str:
     """The `--rpc` value for the reachable workers, in the order pool_devices numbered them."""
     return ",".join(p.worker.endpoint for p in probes if p.ok)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The workers a launch uses: their devices (named as llama-server will name them), the
+    `--rpc` value, and one line per worker that could not be used."""
+
+    devices: tuple[Device, ...] = ()
+    rpc: str | None = None
+    problems: tuple[str, ...] = ()
+    probes: tuple[WorkerProbe, ...] = ()
+
+
+def discover_pool(engine: "Engine", workers: Iterable[Worker], timeout: float = PROBE_TIMEOUT_S) -> Pool:
+    """Probe `workers` through `engine`; unreachable ones become problems and the pool goes on."""
+    workers = tuple(workers)
+    if not workers:
+        return Pool()
+    engine.require_rpc()
+    probes = probe_workers(engine.path, workers, timeout)
+    return Pool(pool_devices(probes), rpc_arg(probes) or None,
+                tuple(p.problem or f"rpc worker {p.worker.endpoint}: no devices" for p in probes if not p.ok),
+                probes)

@@ -56,7 +56,8 @@ def _check_port(port: Any, where: str) -> int:
         try:
             port = int(str(port), 10)
         except ValueError:
-            raise ConfigError(f"{where}: port {port!r} is not a number", RPC_HINT) from None
+            raise ConfigError(f"{where}: port {port!r} is not a number",
+                              "use a whole number between 1 and 65535 (rpc-server's default is 50052)") from None
     if not 0 < port < 65536:
         raise ConfigError(f"{where}: port {port} is out of range", "use a port between 1 and 65535")
     return port
