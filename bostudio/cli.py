@@ -342,6 +342,7 @@ def cmd_up_daemon(args: argparse.Namespace) -> int:
     from bostudio.daemon.service import DaemonOptions, start_background
 
     extra = ["--engine", args.engine] if args.engine else []
+    extra += ["--rpc", args.rpc] if args.rpc else []
     rec = start_background(DaemonOptions(host=args.host, port=args.port or DEFAULT_PORT), extra)
     model = args.model or "gemma-3-270m-q4_k_m"
     if Path(model).expanduser().is_file():
@@ -368,8 +369,11 @@ def _daemon_options(args: argparse.Namespace):
     from bostudio.daemon.service import DaemonOptions
     from bostudio.daemon.supervisor import SupervisorOptions
 
+    from bostudio.rpc.workers import select_workers, workers_from_config
+
     sup = SupervisorOptions(engine=args.engine, memory_budget=int(args.memory_budget * (1 << 20)),
-                            idle_ttl=args.idle_ttl, stall_timeout=args.stall_timeout)
+                            idle_ttl=args.idle_ttl, stall_timeout=args.stall_timeout,
+                            workers=select_workers(args.rpc, workers_from_config()))
     return DaemonOptions(host=args.host, port=args.port, require_token=args.require_token,
                          allow_hosts=tuple(args.allow_host), supervisor=sup)
 
@@ -379,6 +383,7 @@ def _daemon_args(args: argparse.Namespace) -> list[str]:
     out = ["--memory-budget", str(args.memory_budget), "--idle-ttl", str(args.idle_ttl),
            "--stall-timeout", str(args.stall_timeout)]
     out += ["--engine", args.engine] if args.engine else []
+    out += ["--rpc", args.rpc] if args.rpc else []
     out += ["--require-token"] if args.require_token else []
     for h in args.allow_host:
         out += ["--allow-host", h]
@@ -630,6 +635,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="require the token even on loopback (always required on other addresses)")
     common.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                         help="also accept this Host header name (e.g. the machine's DNS name); repeatable")
+    common.add_argument("--rpc", default=None, metavar="HOST:PORT,...",
+                        help=RPC_HELP + "; a child that loses a worker is relaunched without it if it still fits")
     p = sub.add_parser("daemon", parents=[common], help="run the daemon: one OpenAI endpoint for every model",
                        description="Run the bostudio daemon in the foreground: one OpenAI-compatible endpoint "
                                    "(/v1) that loads models on demand, routes by `model`, supervises the "

@@ -27,11 +27,13 @@ from bostudio.daemon.state import ChildRecord, instance_log_path
 from bostudio.daemon.stats import InstanceStats, parse_metrics
 from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.engine.discover import Engine, find_engine
-from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PortInUseError, ServerError)
+from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PlanError, PortInUseError, ServerError)
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware import discover_devices
 from bostudio.pairing.pair import choose
 from bostudio.planner import Plan, plan_for_launch
+from bostudio.rpc.probe import Pool, discover_pool
+from bostudio.rpc.workers import Worker
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import (CrashHistory, LoadWatch, ServerProcess, classify_failure, listening_pid_ok,
                                       log_size, tail)
@@ -57,6 +59,7 @@ class SupervisorOptions:
     probe_tokens: int = 16
     ctx: int = 4096
     spec: str = "auto"
+    workers: tuple[Worker, ...] = ()  # RPC workers (--rpc or config.toml [[rpc]]) every child may use
 
 
 @dataclass
@@ -70,16 +73,46 @@ class ModelConfig:
     port: int | None = None  # pinned child port (else a free one per launch)
 
 
-def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int) -> Plan:
+def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, pool: Pool = Pool()) -> Plan:
     """The speculator (pairing table, auto-detection and compatibility check, as for `bostudio up`) and
     the planner's view of the child as the daemon runs it (llama-server's defaults: 4 slots sharing one
-    f16 KV pool): `chosen.total` decides what gets evicted. Raises PlanError if it cannot fit."""
-    devices = discover_devices(engine_devices=engine.devices).devices
+    f16 KV pool), over this machine's devices and the RPC workers of `pool`: `chosen.total` decides
+    what gets evicted. Raises PlanError if it cannot fit."""
+    devices = discover_devices(engine_devices=engine.devices).devices + pool.devices
     request = parse_spec("auto" if spec_mode == "on" else spec_mode)
     speculator = choose(info, request, engine, ctx, devices=devices)[0].speculator
     draft = describe(speculator.draft) if speculator.draft else None
     return plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft,
                            speculation="off" if speculator.kind == "none" else "on")
+
+
+class WorkerLostError(PlanError):
+    """The model no longer fits once an RPC worker it used has died."""
+
+
+def placement_args(p: Plan) -> tuple[str, ...]:
+    """The plan's placement flags (offload, device split, draft device) for a child that uses RPC
+    workers; a local child keeps llama-server's own defaults, as the daemon always ran it."""
+    args = p.llama_args()
+    out: list[str] = []
+    for flag in ("-ngl", "-dev", "-ts", "-ngld", "-devd"):
+        if flag in args:
+            out += [flag, args[args.index(flag) + 1]]
+    return tuple(out)
+
+
+def unreachable_workers(workers: list[Worker], timeout: float = 2.0) -> list[Worker]:
+    """The workers nothing listens for any more (a TCP connect; the handshake would block a live one)."""
+    import socket
+
+    dead = []
+    for w in workers:
+        try:
+            with socket.create_connection((w.host, w.port), timeout=timeout):
+                pass
+        except OSError:
+            dead.append(w)
+    return dead
 
 
 def free_loopback_port() -> int:
@@ -113,6 +146,8 @@ class Instance:
     task: asyncio.Task | None = None
     stopping: bool = False
     scraped_requests: int = 0
+    pool: Pool = field(default_factory=Pool)  # the RPC workers of the running child
+    lost_workers: tuple[str, ...] = ()  # workers that died under this model: later launches go without them
 
     @property
     def name(self) -> str:
@@ -135,6 +170,8 @@ class Instance:
             "uptime_s": time.monotonic() - self.ready_since if self.ready_since and self.state == READY else None,
             "idle_s": time.monotonic() - self.last_used, "active_requests": self.active,
             "stats": self.stats.to_json(), "log": str(self.log_path),
+            "rpc": {"workers": self.pool.rpc, "lost": list(self.lost_workers),
+                    "problems": list(self.pool.problems)} if self.pool.probes or self.lost_workers else None,
         }
 
 
@@ -341,6 +378,10 @@ class Supervisor:
                 await self._launch_once(inst)
             except asyncio.CancelledError:
                 raise
+            except WorkerLostError as exc:
+                await self._stop_process(inst)
+                self._fail(inst, exc)
+                return
             except OutOfMemoryError as exc:
                 # Restarting would run out of memory again: report it with the plan that caused it.
                 await self._stop_process(inst)
@@ -371,10 +412,35 @@ class Supervisor:
             code = await self._wait_exit(inst)
             if inst.stopping:
                 return
+            if await self._lost_worker(inst, code):
+                continue  # relaunch at once, without the dead worker
             lines = tail(inst.log_path, 5)
             if self._crashed(inst, f"llama-server exited with code {code}: " + (lines[-1] if lines else "")):
                 return
             await self._backoff(inst)
+
+    async def _lost_worker(self, inst: Instance, code: int | None) -> bool:
+        """After the child died: if an RPC worker it used no longer answers, mark the model failed
+        with that reason, drop the worker, and (True) let the lifecycle relaunch without it. The dead
+        child's process group is gone before the relaunch (no orphan). A relaunch that no longer
+        fits fails with PlanError, which _fail reports."""
+        if not inst.pool.probes:
+            return False
+        dead = await asyncio.to_thread(unreachable_workers, [p.worker for p in inst.pool.probes if p.ok])
+        if not dead:
+            return False
+        await self._stop_process(inst)
+        inst.lost_workers += tuple(w.endpoint for w in dead)
+        why = (f"rpc worker {', '.join(w.endpoint for w in dead)} stopped answering; llama-server exited "
+               f"with code {code}")
+        inst.error = {"message": why, "hint": "relaunching without it if the model still fits",
+                      "type": "WorkerLost", "log_tail": tail(inst.log_path, 20), "plan": inst.plan}
+        self._set_state(inst, FAILED, error=inst.error, reason=why)
+        if inst.ready is None or inst.ready.done():
+            inst.ready = asyncio.get_running_loop().create_future()
+            inst.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._set_state(inst, LOADING, reason=f"relaunching without {', '.join(w.endpoint for w in dead)}")
+        return True
 
     def _crashed(self, inst: Instance, why: str) -> bool:
         """Count a crash; after too many in the window mark the model failed. True when failed."""
@@ -400,7 +466,18 @@ class Supervisor:
         # Probing the engine and reading a large GGUF header take a while: not on the event loop.
         engine = await asyncio.to_thread(lambda: self.engine)
         info = await asyncio.to_thread(describe, cfg.path)
-        planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx)
+        workers = tuple(w for w in self.opts.workers if w.endpoint not in inst.lost_workers)
+        inst.pool = await asyncio.to_thread(discover_pool, engine, workers) if workers else Pool()
+        for problem in inst.pool.problems:
+            log.warning("%s: %s; planning without it", cfg.name, problem)
+        try:
+            planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx, inst.pool)
+        except PlanError as exc:
+            if inst.lost_workers:  # it fitted with the worker that died: say so; retrying cannot help
+                raise WorkerLostError(f"{cfg.name} does not fit without the lost rpc worker(s) "
+                                      f"{', '.join(inst.lost_workers)}: {exc.message}",
+                                      "restart the worker's `bostudio rpc serve`, then restart the model") from exc
+            raise
         speculator = planned.chosen.speculator
         need = planned.chosen.total
         inst.speculator = speculator
@@ -415,7 +492,8 @@ class Supervisor:
         inst.port = cfg.port or free_loopback_port()
         inst.api_key = secrets.token_urlsafe(32)
         spec = LaunchSpec(model=cfg.path, alias=cfg.name, port=inst.port, host="127.0.0.1", ctx=cfg.ctx,
-                          speculator=speculator)
+                          speculator=speculator, rpc=inst.pool.rpc if inst.pool.devices else None,
+                          extra_args=placement_args(planned) if inst.pool.devices else ())
         argv = build_argv(engine.path, engine.flags, spec)
         # The key goes through the environment, not argv (which every local user can read).
         env = {**os.environ, "LLAMA_API_KEY": inst.api_key}
