@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Iterable
 from bostudio.errors import PlanError
 from bostudio.hardware.device import Device
 from bostudio.planner.memory import (GIB, MIB, ContextSettings, attention_layers, compute_buffer_bytes,
+                                     logits_buffer_bytes,
                                      cpu_repack_bytes, host_weight_bytes, kv_cache_bytes, max_gpu_layers,
                                      output_buffer_bytes, output_growth_bytes, platform_overhead,
                                      recurrent_layer_count, recurrent_state_bytes, weight_split)
@@ -224,19 +225,40 @@ def multi_device(devices: Iterable[Device]) -> bool:
     return len(gpus) > 1 or any(d.remote for d in gpus)
 
 
-def layer_counts(n_gpu_layers: int, gpus: list[Device], budgets: dict[str, int]) -> list[int]:
+def offloaded_sizes(model: "ModelInfo", n_gpu_layers: int, load_nextn: bool = False) -> list[int]:
+    """Weight bytes of each offloaded layer in order, the output layer last (with the tied
+    embedding's copy and the norms), as -ngl N offloads them (the last N of n_block + 1)."""
+    ngl = max(0, min(n_gpu_layers, model.n_block + 1))
+    out = model.output_bytes or model.token_embd_bytes
+    sizes = [model.layer_bytes[il] if il < model.n_layer or load_nextn else 0
+             for il in range(model.n_block + 1 - ngl, model.n_block)]
+    return sizes + [out + model.other_bytes] if ngl else []
+
+
+def layer_counts(n_gpu_layers: int, gpus: list[Device], budgets: dict[str, int],
+                 sizes: list[int] | None = None) -> list[int]:
     """How many of the `n_gpu_layers` offloaded layers (the output layer counting as one, last)
-    each device gets, in llama.cpp's order, in proportion to its budget (largest remainder).
-    Passed as `-ts` counts, llama.cpp's split points fall exactly on these boundaries
-    (llama-model.cpp: device = upper_bound(cumulative split, j / ngl))."""
+    each device gets, in llama.cpp's order: consecutive runs whose weight bytes (`sizes`, one per
+    offloaded layer; equal when not given) are in proportion to the devices' budgets. Passed as
+    `-ts` counts, llama.cpp's split points fall exactly on these boundaries (llama-model.cpp:
+    device = upper_bound(cumulative split, j / ngl))."""
     if not gpus or n_gpu_layers <= 0:
         return [0] * len(gpus)
+    sizes = list(sizes) if sizes else [1] * n_gpu_layers
     weights = [max(1, budgets.get(g.label, 0)) for g in gpus]
-    total = sum(weights)
-    exact = [n_gpu_layers * w / total for w in weights]
-    counts = [int(x) for x in exact]
-    for k in sorted(range(len(gpus)), key=lambda k: -(exact[k] - counts[k]))[:n_gpu_layers - sum(counts)]:
-        counts[k] += 1
+    total_w, total_b = sum(weights), sum(sizes) or 1
+    counts, j, cum_w = [], 0, 0
+    for k, w in enumerate(weights):
+        cum_w += w
+        if k == len(weights) - 1:
+            counts.append(n_gpu_layers - j)
+            break
+        goal = total_b * cum_w / total_w  # where this device's share ends, in bytes
+        start, acc = j, sum(sizes[:j])
+        while j < n_gpu_layers and acc + sizes[j] / 2 <= goal:  # a layer goes where most of it belongs
+            acc += sizes[j]
+            j += 1
+        counts.append(j - start)
     return counts
 
 
@@ -268,7 +290,7 @@ def _multi_uses(model: "ModelInfo", devs: list[Device], intent: Intent, s: Conte
     gpus = llama_device_order(devs)
     budgets = _budgets(devs, intent.reserve)
     ngl = max(0, min(n_gpu_layers, model.n_block + 1))
-    counts = layer_counts(ngl, gpus, budgets)
+    counts = layer_counts(ngl, gpus, budgets, offloaded_sizes(model, ngl, mtp))
     layers = device_layers(model, ngl, counts)
     uses: list[Use] = []
     ws = weight_split(model, ngl, load_nextn=mtp)
@@ -300,13 +322,23 @@ def _multi_uses(model: "ModelInfo", devs: list[Device], intent: Intent, s: Conte
             uses.append(Use(g.label, "recurrent state", r))
     uses.append(Use(host, "KV cache", max(0, kv_total - kv_gpus)))
     uses.append(Use(host, "recurrent state", max(0, rs - rs_gpus)))
-    compute = compute_buffer_bytes(model, s)
-    holders = [g for g, ls in zip(gpus, layers) if ls]
-    # each device holding layers reserves its own graph buffer: the whole estimate is the safe side
-    uses += [Use(g.label, "compute buffer", compute) for g in holders]
-    host_has_layers = sum(counts) < model.n_block + 1
-    uses.append(Use(host, "compute buffer", compute if host_has_layers or not holders else
-                    min(s.n_ubatch, s.n_ctx) * model.n_embd * 4 * 2))
+    # Each device reserves a graph buffer for its own layers; only the one holding the output layer
+    # also needs room for the logits. The host runs the layers left to it and, when the output
+    # stays there, the logits.
+    for g, ls in zip(gpus, layers):
+        if ls:
+            mine = [il for il in ls if il < model.n_layer]
+            out_here = model.n_block in ls
+            c = (compute_buffer_bytes(model, s, layers=mine, with_output=out_here) if mine
+                 else logits_buffer_bytes(model, s))  # the output layer alone
+            uses.append(Use(g.label, "compute buffer", c))
+    host_layers = list(range(0, model.n_block + 1 - sum(counts)))
+    host_mine = [il for il in host_layers if il < model.n_layer]
+    if host_mine or sum(counts) < model.n_block + 1:
+        uses.append(Use(host, "compute buffer", compute_buffer_bytes(
+            model, s, layers=host_mine or None, with_output=model.n_block in host_layers)))
+    else:
+        uses.append(Use(host, "compute buffer", min(s.n_ubatch, s.n_ctx) * model.n_embd * 4 * 2))
     return uses
 
 
@@ -413,7 +445,8 @@ def _last_layer_device(model: "ModelInfo", devs: list[Device], intent: Intent, n
         return None
     if not multi_device(devs):
         return gpus[0].label
-    counts = layer_counts(min(n_gpu_layers, model.n_block + 1), gpus, _budgets(devs, intent.reserve))
+    ngl = min(n_gpu_layers, model.n_block + 1)
+    counts = layer_counts(ngl, gpus, _budgets(devs, intent.reserve), offloaded_sizes(model, ngl))
     return next((g.label for g, c in zip(reversed(gpus), reversed(counts)) if c), None)
 
 
@@ -489,7 +522,8 @@ def placement(model: "ModelInfo", devices: Iterable[Device], intent: Intent, spe
     if multi_device(devs):
         gpus = llama_device_order(devs)
         ngl = max(0, min(n_gpu_layers, model.n_block + 1))
-        counts = layer_counts(ngl, gpus, _budgets(devs, intent.reserve))
+        counts = layer_counts(ngl, gpus, _budgets(devs, intent.reserve),
+                              offloaded_sizes(model, ngl, speculator.kind == "mtp"))
         split = tuple((g.label, c) for g, c in zip(gpus, counts))
     draft_device = None
     if _plan_kind(speculator) == "draft" and (multi_device(devs) or any(d.remote for d in devs)):
