@@ -207,13 +207,15 @@ _SOURCE_RANK = {"env": 2, "built": 1, "path": 0}
 
 def choose_engine(engines: list[Engine]) -> Engine:
     """The best usable engine for this machine's devices: one that sees GPUs beats CPU-only, more
-    device memory beats less; on a tie the one the user named (LLAMA_SERVER) beats our build beats PATH."""
+    device memory beats less; on a tie the one the user named (LLAMA_SERVER) beats our build beats
+    PATH, and one with the RPC backend beats one without."""
     usable = [e for e in engines if e.usable]
     if not usable:
         why = "; ".join(f"{e.path}: {e.problem}" for e in engines) or "none found"
         raise EngineError(f"no usable llama-server ({why})",
                           "run `bostudio engine build`, or set LLAMA_SERVER to a recent llama-server")
-    return max(usable, key=lambda e: (e.gpu_mib() > 0, e.gpu_mib(), _SOURCE_RANK.get(e.source, 0)))
+    # on a tie, a build with the RPC backend (it can also use workers) beats one without
+    return max(usable, key=lambda e: (e.gpu_mib() > 0, e.gpu_mib(), _SOURCE_RANK.get(e.source, 0), e.has_rpc))
 
 
 def find_engine(explicit: str | None = None) -> Engine:
