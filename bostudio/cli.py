@@ -723,7 +723,7 @@ def build_parser() -> argparse.ArgumentParser:
     from bostudio.engine.build import BACKENDS
 
     b = esub.add_parser("build", help="build llama-server for a backend (cached)",
-                        description="Build llama-server, llama-quantize and llama-fit-params from the "
+                        description="Build llama-server, llama-quantize, llama-fit-params and ggml-rpc-server (RPC backend) from the "
                                     "llama.cpp source vendored in the pinned llama-cpp-python sdist. "
                                     "Cached under the XDG cache dir by commit, backend and flags: a "
                                     "second run returns at once.")
