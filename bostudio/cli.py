@@ -78,8 +78,12 @@ def cmd_rpc_serve(args: argparse.Namespace) -> int:
 def cmd_rpc_install(args: argparse.Namespace) -> int:
     from bostudio.rpc.serve import install_rpc_unit
 
-    path, text, how = install_rpc_unit(_rpc_options(args), write=not args.print)
-    if args.print:
+    return _report_unit(*install_rpc_unit(_rpc_options(args), write=not args.print), args.print)
+
+
+def _report_unit(path, text: str, how: str, print_only: bool) -> int:  # type: ignore[no-untyped-def]
+    """Print a user unit (--print), or where it was written and how to enable it."""
+    if print_only:
         sys.stdout.write(text)
         return 0
     print(f"wrote {path}")
@@ -448,13 +452,7 @@ def cmd_daemon_install(args: argparse.Namespace) -> int:
     platform = args.platform
     if platform == "auto":
         platform = "macos" if sys.platform == "darwin" else "linux"
-    path, text, how = install_unit(platform, args.host, args.port, write=not args.print)
-    if args.print:
-        sys.stdout.write(text)
-        return 0
-    print(f"wrote {path}")
-    print(f"enable it with: {how}")
-    return 0
+    return _report_unit(*install_unit(platform, args.host, args.port, write=not args.print), args.print)
 
 
 def cmd_daemon_token(args: argparse.Namespace) -> int:

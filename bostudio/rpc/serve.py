@@ -60,14 +60,19 @@ def check_rpc_bind(host: str, port: int, allow_network: bool) -> str | None:
 def serve_argv(rpc_server: Path, opts: RpcServeOptions) -> list[str]:
     if opts.threads is not None and opts.threads <= 0:
         raise ConfigError(f"--threads {opts.threads} must be at least 1", "leave it out for rpc-server's default")
-    argv = [str(rpc_server), "--host", opts.host, "--port", str(opts.port)]
+    return [str(rpc_server), *_server_options(opts)]
+
+
+def _server_options(opts: RpcServeOptions) -> list[str]:
+    """The options rpc-server and `bostudio rpc serve` share (same names in both)."""
+    out = ["--host", opts.host, "--port", str(opts.port)]
     if opts.devices:
-        argv += ["--device", opts.devices]
+        out += ["--device", opts.devices]
     if opts.threads:
-        argv += ["--threads", str(opts.threads)]
+        out += ["--threads", str(opts.threads)]
     if opts.cache:
-        argv.append("--cache")
-    return argv
+        out.append("--cache")
+    return out
 
 
 def find_rpc_server(engine: str | None) -> Path:
@@ -124,13 +129,7 @@ def run_rpc_serve(opts: RpcServeOptions, out=sys.stdout) -> int:  # type: ignore
 
 
 def rpc_unit(python: str, opts: RpcServeOptions) -> str:
-    args = [python, "-m", "bostudio", "rpc", "serve", "--host", opts.host, "--port", str(opts.port)]
-    if opts.devices:
-        args += ["--device", opts.devices]
-    if opts.threads:
-        args += ["--threads", str(opts.threads)]
-    if opts.cache:
-        args.append("--cache")
+    args = [python, "-m", "bostudio", "rpc", "serve", *_server_options(opts)]
     if opts.allow_network:
         args.append("--allow-network")
     if opts.engine:
