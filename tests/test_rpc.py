@@ -119,7 +119,7 @@ def pool_env(workers: list[Worker], gemma_f32: Path, tmp_path_factory: pytest.Te
         f'[[rpc]]\nhost = "127.0.0.1"\nport = {workers[0].port}\nbudget_mib = {b0}\n\n'
         f'[[rpc]]\nhost = "127.0.0.1"\nport = {workers[1].port}\nbudget_mib = {b1}\n')
     return dict(os.environ, XDG_CONFIG_HOME=str(root / "config"), XDG_STATE_HOME=str(root / "state"),
-                PYTHONPATH=str(TESTS.parent))
+                XDG_DATA_HOME=str(root / "data"), PYTHONPATH=str(TESTS.parent))
 
 
 def bostudio(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -263,6 +263,27 @@ def test_greedy_output_equals_a_local_only_run(split_run: dict, pool_env: dict[s
         assert local.greedy() == split_run["text"]
     finally:
         local.stop()
+
+
+def test_the_self_draft_layout_is_planned_and_launched(workers: list[Worker], pool_env: dict[str, str],
+                                                       gemma_gguf: Path) -> None:
+    """The seeds' layout: a Q2_K copy of the model drafts for it, whole on the fastest local device
+    (here the host: -devd none keeps it off the workers), while the target is split over the pool."""
+    plan = json.loads(bostudio(pool_env, "plan", str(gemma_gguf), "--ctx", "2048", "--spec", "self-draft:Q2_K",
+                               "--spec-mode", "on", "--json").stdout)
+    assert plan["with_speculation"]["draft_device"] == "none"
+    assert any(line.startswith("draft: ") and "self-Q2_K" in line and "whole on CPU" in line
+               for line in plan["placement"])
+    up = Up(pool_env, str(gemma_gguf), "--rpc", ",".join(w.endpoint for w in workers), "--ctx", "2048",
+            "--spec", "self-draft:Q2_K")
+    try:
+        spec = up.line("speculation")
+        assert spec.startswith("draft-simple") and "active" in spec and "INACTIVE" not in spec, spec
+        summary = "\n".join(up.summary)
+        assert "placement       : draft: " in summary and "whole on CPU" in summary
+        assert up.greedy()
+    finally:
+        up.stop()
 
 
 # ---------------------------------------------------------------- failures

@@ -161,3 +161,41 @@ def test_llama_orders_rpc_devices_first() -> None:
     local = Device("nvidia", "cuda", "4090", 0, 24 * GIB, engine_name="CUDA0")
     remote = Device("other", "rpc", "w", 0, 24 * GIB, engine_name="RPC0", endpoint="h:1")
     assert [d.label for d in llama_device_order([local, remote])] == ["RPC0", "CUDA0"]
+
+
+def test_a_self_draft_is_planned_before_it_exists(base: ModelInfo, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`plan --spec self-draft:Q2_K`: the copy's header is estimated from the target by bits per weight,
+    then placed like any draft: whole on the fastest device while the target spreads."""
+    from bostudio.pairing.pair import self_draft_info
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    m = replace(llama70b(base), n_params=70_600_000_000)
+    d = self_draft_info(m, "Q2_K")
+    assert d.path.name == "Llama-3.1-70B-Q4_K_M.self-Q2_K.gguf" and d.quant == "Q2_K"
+    total = lambda x: sum(x.layer_bytes) + x.token_embd_bytes + x.output_bytes  # noqa: E731
+    assert 0.45 < total(d) / total(m) < 0.65  # 2.6 of ~4.8 bits per weight
+    # ~23 GiB of Q2_K copy does not fit the 16 GiB local GPU: auto says so and falls back
+    p = plan(m, load_devices_file(POOL), INTENT, draft(d), d)
+    assert p.chosen is not p.with_spec and "drops the draft Llama-3.1-70B-Q4_K_M.self-Q2_K.gguf" in p.why
+    # asked for (as `--spec self-draft:Q2_K` does) with a 32 GiB local GPU, the seeds' layout: the
+    # copy whole on the GPU, the target over the workers, the GPU's remaining room and the host
+    devs = tuple(x.with_(total_bytes=32 * GIB, free_bytes=31 * GIB) if x.label == "CUDA0" else x
+                 for x in load_devices_file(POOL))
+    p = plan(m, devs, replace(INTENT, speculation="on"), draft(d), d)
+    o = p.chosen
+    assert o is p.with_spec and o.draft_device == "CUDA0"
+    assert o.n_gpu_layers < m.n_block + 1  # part of the target stays in host RAM
+    assert sum(u.bytes for u in o.uses if u.device == "CUDA0" and u.component == "draft weights") > 20 * GIB
+    assert dict(o.split)["RPC0"] > 0 and dict(o.split)["RPC1"] > 0
+
+
+def test_the_daemon_passes_the_placement_flags_only() -> None:
+    from bostudio.daemon.supervisor import placement_args
+
+    class P:
+        def llama_args(self) -> list[str]:
+            return ["-c", "4096", "-ngl", "9", "-np", "4", "-kvu", "-dev", "RPC0,RPC1", "-ts", "4,5", "-ngld", "17",
+                    "-devd", "none", "-fit", "off"]
+
+    assert placement_args(P()) == ("-ngl", "9", "-dev", "RPC0,RPC1", "-ts", "4,5", "-ngld", "17", "-devd", "none")

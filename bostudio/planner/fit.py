@@ -284,11 +284,11 @@ def fastest_device(devices: Iterable[Device]) -> Device:
 
 
 def _multi_uses(model: "ModelInfo", devs: list[Device], intent: Intent, s: ContextSettings, host: str,
-                n_gpu_layers: int, mtp: bool) -> list[Use]:
+                n_gpu_layers: int, mtp: bool, held: dict[str, int]) -> list[Use]:
     """Weights, KV cache, recurrent state and compute buffers layer by layer over several offload
     devices (RPC workers and local GPUs), each device's share from layer_counts()."""
     gpus = llama_device_order(devs)
-    budgets = _budgets(devs, intent.reserve)
+    budgets = _split_budgets(devs, intent, held)
     ngl = max(0, min(n_gpu_layers, model.n_block + 1))
     counts = layer_counts(ngl, gpus, budgets, offloaded_sizes(model, ngl, mtp))
     layers = device_layers(model, ngl, counts)
@@ -381,6 +381,43 @@ def _single_uses(model: "ModelInfo", gpus: list[Device], host: str, s: ContextSe
     return uses
 
 
+def _draft_uses(spec: _Spec, s: ContextSettings, devs: list[Device], host: str) -> tuple[list[Use], int]:
+    """A draft model's bytes, and its -ngld. It goes whole on the fastest device (a local GPU, else
+    the host: never a remote one), and it is the target's layers that move when both do not fit
+    (-ngld all, -devd)."""
+    if spec.kind != "draft" or spec.draft is None:
+        return [], 0
+    d = spec.draft
+    ds = replace(s, cache_type_k=spec.cache_type_k, cache_type_v=spec.cache_type_v, n_rs_seq=0, n_outputs_max=0)
+    dev = fastest_device(devs).label
+    uses: list[Use] = []
+    ngld = 0
+    if dev == host:
+        uses.append(Use(host, "draft weights", host_weight_bytes(d)))
+        uses.append(Use(host, "draft weights (CPU repack)", cpu_repack_bytes(d)))
+    else:
+        ngld = max_gpu_layers(d, include_nextn=False)
+        split = weight_split(d, ngld)
+        uses += [Use(dev, "draft weights", split.gpu), Use(host, "draft weights", split.cpu)]
+    uses.append(Use(dev, "draft KV cache", kv_cache_bytes(d, ds).total + recurrent_state_bytes(d, ds)))
+    uses.append(Use(dev, "draft compute buffer", compute_buffer_bytes(d, ds)))
+    uses.append(Use(host, "draft output buffer", output_buffer_bytes(d, ds)))
+    return uses, ngld
+
+
+def _held(uses: list[Use], host: str) -> dict[str, int]:
+    """Bytes already taken on each offload device (by the draft) before the target's layers are split."""
+    out: dict[str, int] = {}
+    for u in uses:
+        if u.device != host:
+            out[u.device] = out.get(u.device, 0) + u.bytes
+    return out
+
+
+def _split_budgets(devs: list[Device], intent: Intent, held: dict[str, int]) -> dict[str, int]:
+    return {k: max(0, v - held.get(k, 0)) for k, v in _budgets(devs, intent.reserve).items()}
+
+
 def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, speculator: Speculator,
                 n_ctx: int, n_gpu_layers: int, draft: "ModelInfo | None" = None) -> tuple[list[Use], int]:
     """Every component's bytes on every device for one configuration; also the draft's -ngld."""
@@ -395,32 +432,17 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
     uses: list[Use] = []
     n_all = model.n_block if mtp else model.n_layer
 
+    draft_uses, ngld = _draft_uses(spec, s, devs, host)
     multi = bool(gpus and n_gpu_layers and multi_device(devs))
     if multi:
-        uses += _multi_uses(model, devs, intent, s, host, n_gpu_layers, mtp)
+        uses += _multi_uses(model, devs, intent, s, host, n_gpu_layers, mtp, _held(draft_uses, host))
     else:
         uses += _single_uses(model, gpus, host, s, n_gpu_layers, mtp, n_all)
     uses.append(Use(host, "output buffer", output_buffer_bytes(model, s)))
     uses.append(Use(host, RUNTIME_OUTPUT, output_growth_bytes(model, s)))
 
-    ngld = 0
     if spec.kind == "draft" and spec.draft is not None:
-        d = spec.draft
-        ds = replace(s, cache_type_k=spec.cache_type_k, cache_type_v=spec.cache_type_v,
-                     n_rs_seq=0, n_outputs_max=0)
-        # The draft goes whole on the fastest device (a local GPU, else the host: never a remote one),
-        # and it is the target's layers that move when both do not fit (-ngld all, -devd).
-        dev = fastest_device(devs).label
-        if dev == host:
-            uses.append(Use(host, "draft weights", host_weight_bytes(d)))
-            uses.append(Use(host, "draft weights (CPU repack)", cpu_repack_bytes(d)))
-        else:
-            ngld = max_gpu_layers(d, include_nextn=False)
-            split = weight_split(d, ngld)
-            uses += [Use(dev, "draft weights", split.gpu), Use(host, "draft weights", split.cpu)]
-        uses.append(Use(dev, "draft KV cache", kv_cache_bytes(d, ds).total + recurrent_state_bytes(d, ds)))
-        uses.append(Use(dev, "draft compute buffer", compute_buffer_bytes(d, ds)))
-        uses.append(Use(host, "draft output buffer", output_buffer_bytes(d, ds)))
+        uses += draft_uses
     elif mtp and model.n_nextn:
         # The MTP context: a KV cache of the NextN layers only, as long as the target's, with the
         # draft cache types; no second copy of the weights (llama-model.cpp:2661-2670).
@@ -513,7 +535,8 @@ def largest_ctx(model: "ModelInfo", devices: list[Device], intent: Intent, specu
 
 
 def placement(model: "ModelInfo", devices: Iterable[Device], intent: Intent, speculator: Speculator,
-              n_gpu_layers: int) -> tuple[tuple[tuple[str, int], ...], str | None]:
+              n_gpu_layers: int, draft: "ModelInfo | None" = None,
+              n_ctx: int = CTX_STEP) -> tuple[tuple[tuple[str, int], ...], str | None]:
     """(-dev/-ts split, -devd device) of a configuration: the split only with several offload
     devices or a remote one; the draft device whenever the draft could otherwise land elsewhere
     than on the fastest device (llama.cpp's default spreads it like the target)."""
@@ -522,7 +545,10 @@ def placement(model: "ModelInfo", devices: Iterable[Device], intent: Intent, spe
     if multi_device(devs):
         gpus = llama_device_order(devs)
         ngl = max(0, min(n_gpu_layers, model.n_block + 1))
-        counts = layer_counts(ngl, gpus, _budgets(devs, intent.reserve),
+        host = next((d.label for d in devs if not d.is_gpu), "CPU")
+        spec = _spec(speculator, draft, intent)
+        held = _held(_draft_uses(spec, _settings(intent, spec, n_ctx), devs, host)[0], host)
+        counts = layer_counts(ngl, gpus, _split_budgets(devs, intent, held),
                               offloaded_sizes(model, ngl, speculator.kind == "mtp"))
         split = tuple((g.label, c) for g, c in zip(gpus, counts))
     draft_device = None
@@ -565,7 +591,7 @@ def fit_option(model: "ModelInfo", devices: Iterable[Device], intent: Intent, sp
     ctx, ngl = best
     uses, ngld = memory_uses(model, devs, intent, speculator, ctx, ngl, draft)
     reason = "" if ctx >= want else f"only {ctx} tokens fit (wanted {want})"
-    split, draft_device = placement(model, devs, intent, speculator, ngl)
+    split, draft_device = placement(model, devs, intent, speculator, ngl, draft, ctx)
     return PlanOption(speculator, True, ctx, ngl, ngld, tuple(uses), tuple(budgets.items()), reason,
                       split, draft_device)
 
