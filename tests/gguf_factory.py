@@ -120,7 +120,7 @@ BYTE_VOCAB_TYPES = [2, 3, 3] + [6] * 256  # unknown, control, control, byte
 
 
 def tiny_glm4moe_mtp(path: Path, n_layer: int = 2, vocab: list[str] | None = VOCAB,
-                     token_types: list[int] | None = None) -> Path:
+                     token_types: list[int] | None = None, arch: str = "glm4moe") -> Path:
     """A small GLM-4.5-style model (`glm4moe`) with one NextN/MTP block, loadable with `--spec-type draft-mtp`.
 
     The trunk is dense (leading_dense_block_count = n_layer); the MTP block is the last block and, as
@@ -172,7 +172,7 @@ def tiny_glm4moe_mtp(path: Path, n_layer: int = 2, vocab: list[str] | None = VOC
           ".expert_used_count": 1, ".expert_shared_count": 1, ".expert_feed_forward_length": n_ff_exp,
           ".leading_dense_block_count": n_layer, "general.name": "tiny glm4moe mtp", "general.file_type": 0}
     if token_types is None:
-        return write_model(path, "glm4moe", kv, tensors, vocab=vocab)
+        return write_model(path, arch, kv, tensors, vocab=vocab)
     kv.update({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": vocab, "tokenizer.ggml.token_type": token_types,
                "tokenizer.ggml.scores": [0.0] * n_vocab, "tokenizer.ggml.bos_token_id": 1,
                "tokenizer.ggml.eos_token_id": 2})
@@ -240,7 +240,8 @@ def tiny_drafter(path: Path, arch: str, target_layers: list[int], *, block_size:
         kv[".block_size"] = block_size
     if arch == "eagle3":
         kv[".target_hidden_size"] = target_hidden
-    tensors: dict = {"fc.weight": (3 * 64, 64), "blk.0.attn_norm.weight": (64,)}
+    # fc reads the concatenated hidden states of the target layers: its width names the target's hidden size
+    tensors: dict = {"fc.weight": (len(target_layers) * target_hidden, 64), "blk.0.attn_norm.weight": (64,)}
     if dspark:
         tensors.update({"markov_w1.weight": (64, 64), "markov_w2.weight": (64, 64)})
     return write_model(path, arch, kv, tensors, vocab=vocab)

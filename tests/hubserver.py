@@ -4,8 +4,9 @@
     GET /{org}/{name}/resolve/{rev}/{path}         file bytes, with Range support (206)
 
 Tests point HF_ENDPOINT at it. It records every request (method, path, Range header, bytes sent) and can
-misbehave on purpose: `cut_after[path] = n` sends the first n bytes of the next GET of that file, then
-drops the connection and answers 503 to the retries; `corrupt.add(path)` serves flipped bytes.
+misbehave on purpose: `cut_after[path] = n` sends the first n bytes of the next whole-file GET of that file, then
+drops the connection and answers 503 to the retries; `corrupt.add(path)` serves flipped bytes;
+`corrupt_tail.add(path)` flips the last 64 bytes only (tensor data: a header read still succeeds).
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
+
+if TYPE_CHECKING:
+    import pytest
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -37,6 +42,7 @@ class FakeHub:
     cut_after: dict[str, int] = field(default_factory=dict)
     failing: set[str] = field(default_factory=set)
     corrupt: set[str] = field(default_factory=set)
+    corrupt_tail: set[str] = field(default_factory=set)
     url: str = ""
 
     def add_file(self, repo: str, path: str, source: Path | bytes) -> None:
@@ -96,6 +102,8 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 return
             if path in hub.corrupt:
                 data = bytes(b ^ 0xFF for b in data[:64]) + data[64:]
+            if path in hub.corrupt_tail:
+                data = data[:-64] + bytes(b ^ 0xFF for b in data[-64:])
             start, end = 0, len(data) - 1
             status = 200
             if req.range:
@@ -113,7 +121,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             if status == 206:
                 self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
             self.end_headers()
-            cut = hub.cut_after.pop(path, None)
+            cut = hub.cut_after.pop(path, None) if req.range is None else None  # header reads pass
             if cut is not None:
                 hub.failing.add(path)  # the retries get 503: the pull fails, a later one resumes
                 req.sent = cut
@@ -145,3 +153,22 @@ class HubServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(timeout=5)
+
+
+def use_hub(hub: FakeHub, tmp_path: Path, monkeypatch: "pytest.MonkeyPatch", *, own_cache: bool = True) -> None:
+    """Point huggingface-hub and bostudio at `hub` with private dirs under tmp_path. own_cache=False keeps
+    XDG_CACHE_HOME (the shared engine cache) for tests that need the built engine."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    # huggingface-hub reads HF_ENDPOINT at import; background requests (agent registry) use this copy.
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    if own_cache:
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("BOSTUDIO_MODELS_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("LMSTUDIO_MODELS_DIR", str(tmp_path / "lmstudio"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))

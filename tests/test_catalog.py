@@ -111,7 +111,7 @@ def test_hostile_ollama_manifest_cannot_point_outside_blobs(stores: Stores) -> N
     assert [e.name for e in scan_catalog()] == []
 
 
-def test_rescan_of_200_unchanged_files_is_fast(stores: Stores, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rescan_of_200_unchanged_files_describes_none_again(stores: Stores, monkeypatch: pytest.MonkeyPatch) -> None:
     for i in range(200):
         (stores.models / f"m{i:03d}.gguf").write_bytes(small_gguf(f"model {i}", n_block=4))
     first = scan_catalog()
@@ -122,9 +122,7 @@ def test_rescan_of_200_unchanged_files_is_fast(stores: Stores, monkeypatch: pyte
 
     with monkeypatch.context() as patch:
         patch.setattr(index, "describe", no_describe)
-        t0 = time.perf_counter()
-        second = scan_catalog()
-        assert time.perf_counter() - t0 < 1.0
+        second = scan_catalog()  # no_describe proves the index served every unchanged file
     assert [e.info for e in second] == [e.info for e in first]
 
     changed = stores.models / "m007.gguf"

@@ -18,7 +18,7 @@ from bostudio.cli import main
 from bostudio.errors import ModelError
 from bostudio.gguf import describe, describe_header, parse_header
 from tests.gguf_factory import tiny_llama, write_model
-from tests.hubserver import COMMIT, FakeHub, HubServer
+from tests.hubserver import COMMIT, FakeHub, HubServer, use_hub
 
 REPO = "org/Tiny-GGUF"
 
@@ -37,18 +37,7 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
     fake.add_file(REPO, "mmproj-Tiny-F16.gguf", b"not a model")
     fake.add_file(REPO, "README.md", b"# tiny")
     with HubServer(fake) as served:
-        import huggingface_hub.constants
-
-        monkeypatch.setenv("HF_ENDPOINT", served.url)
-        # huggingface-hub reads HF_ENDPOINT at import; background requests (agent registry) use this copy.
-        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", served.url)
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
-        monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-        monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-        monkeypatch.setenv("BOSTUDIO_MODELS_DIR", str(tmp_path / "models"))
-        monkeypatch.setenv("LMSTUDIO_MODELS_DIR", str(tmp_path / "lmstudio"))
-        monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
+        use_hub(served, tmp_path, monkeypatch)
         yield served
     assert all(not r.path.startswith("http") for r in fake.requests)
 

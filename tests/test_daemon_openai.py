@@ -103,19 +103,39 @@ def test_chat_routes_to_a_second_model_that_loads_on_demand(daemon: DaemonProc, 
 def test_streaming_chat_passes_through_unbuffered(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(model=SMOL, max_tokens=16, temperature=0, stream=True,
                                             messages=[{"role": "user", "content": "Count from one to ten."}])
-    arrivals, text = [], []
+    text = []
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
-            arrivals.append(time.monotonic())
             text.append(chunk.choices[0].delta.content)
     assert len(text) >= 8 and "".join(text).strip()
-    # Token by token, as generated: the first arrived well before the last.
-    assert arrivals[-1] - arrivals[0] > 0.1
+
+
+def test_the_first_streamed_token_arrives_while_the_child_still_generates(daemon: DaemonProc) -> None:
+    """Unbuffered, without a clock: when the first chunk reaches the client, the child's slot is still
+    processing the same request (a buffering proxy would deliver it only after the generation ended)."""
+    inst = daemon.instance(SMOL)
+    child = httpx.Client(base_url=f"http://127.0.0.1:{inst['port']}", trust_env=False, timeout=10,
+                         headers={"Authorization": f"Bearer {_child_key(inst['pid'])}"})
+    body = {"model": SMOL, "prompt": "Once upon a time", "max_tokens": 400, "stream": True,
+            "temperature": 0, "ignore_eos": True}
+    with child, httpx.Client(base_url=daemon.url, timeout=120, trust_env=False) as http:
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data:") and '"text"' in line:
+                    break
+            busy = [s for s in child.get("/slots").json() if s["is_processing"]]
+    assert busy, "the whole generation had ended before its first token reached the client"
+    assert busy[0]["next_token"][0]["n_decoded"] < 400
 
 
 def _child_key(pid: int) -> str:
     env = psutil.Process(pid).environ()
     return env["LLAMA_API_KEY"]
+
+
+MAX_TOKENS = 2048
+HANG_S = 120  # only a guard against a hang: verdicts never depend on how fast the machine is
 
 
 def test_client_disconnect_cancels_the_upstream_generation(daemon: DaemonProc) -> None:
@@ -124,17 +144,22 @@ def test_client_disconnect_cancels_the_upstream_generation(daemon: DaemonProc) -
                          headers={"Authorization": f"Bearer {_child_key(inst['pid'])}"})
     with httpx.Client(base_url=daemon.url, timeout=60, trust_env=False) as http:
         with http.stream("POST", "/v1/completions", json={"model": GEMMA, "prompt": "Once upon a time",
-                                                          "max_tokens": 512, "stream": True}) as r:
+                                                          "max_tokens": MAX_TOKENS, "ignore_eos": True,
+                                                          "stream": True}) as r:
             seen = 0
             for line in r.iter_lines():
                 seen += line.startswith("data:")
                 if seen == 3:
                     break
             assert any(s["is_processing"] for s in child.get("/slots").json())
-    deadline = time.monotonic() + 3
+    # Without a clock: the slot stops, and it stopped well short of the tokens it was asked for.
+    deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline and any(s["is_processing"] for s in child.get("/slots").json()):
         time.sleep(0.05)
-    assert not any(s["is_processing"] for s in child.get("/slots").json())
+    slots = child.get("/slots").json()
+    assert not any(s["is_processing"] for s in slots)
+    decoded = max(s["next_token"][0]["n_decoded"] for s in slots)
+    assert 0 < decoded < MAX_TOKENS // 2, f"the generation ran on to {decoded} of {MAX_TOKENS} tokens"
     assert daemon.instance(GEMMA)["active_requests"] == 0
     child.close()
 
@@ -144,8 +169,11 @@ def test_stats_logs_and_events(daemon: DaemonProc) -> None:
         text = "for i in range(10):\n    print(i)\n" * 6
         r = http.post("/v1/completions", json={"model": GEMMA, "prompt": text, "max_tokens": 16, "temperature": 0})
         assert r.json()["timings"]["draft_n"] > 0  # auto on a CPU: n-gram speculation, active
-        time.sleep(2.5)  # the stats loop scrapes /metrics
+        deadline = time.monotonic() + HANG_S  # the stats loop scrapes /metrics every couple of seconds
         st = http.get(f"/bostudio/instances/{GEMMA}/stats").json()
+        while st.get("mean_accepted_length") is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            st = http.get(f"/bostudio/instances/{GEMMA}/stats").json()
         assert st["requests"] >= 22 and st["tokens_generated"] > 0
         assert st["decode_tok_s"] == r.json()["timings"]["predicted_per_second"]  # the last request's
         assert st["decode_tok_s_avg"] > 0
@@ -214,17 +242,19 @@ def test_cli_ps_stop_and_up_daemon(daemon: DaemonProc) -> None:
     assert missing.stderr.startswith("bostudio: daemon error: model 'no-such-model' is not running (hint: ")
 
 
-def test_child_killed_mid_stream_errors_within_a_second_and_the_next_request_reloads(
+def test_child_killed_mid_stream_errors_in_band_and_the_next_request_reloads(
         daemon: DaemonProc, client: openai.OpenAI) -> None:
     inst = daemon.instance(GEMMA)
     stream = client.completions.create(model=GEMMA, prompt="Once upon a time", max_tokens=512, stream=True)
-    killed_at = None
+    killed = False
+    # The in-band error event, not the client's read timeout (also an APIError), ends the stream.
     with pytest.raises(openai.APIError) as err:
         for n, _chunk in enumerate(stream):
             if n == 2:
                 os.kill(inst["pid"], signal.SIGKILL)
-                killed_at = time.monotonic()
-    assert killed_at is not None and time.monotonic() - killed_at < 1.0
+                killed = True
+    assert killed
+    assert not isinstance(err.value, openai.APITimeoutError)
     assert "failed mid-stream" in str(err.value)
     r = client.completions.create(model=GEMMA, prompt="Hello", max_tokens=4, temperature=0)
     assert r.choices[0].text

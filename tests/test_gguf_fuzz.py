@@ -1,8 +1,10 @@
 """Fuzzing the reader: thousands of mutated and truncated GGUFs per run.
 
 Each must either parse (and describe) or raise GGUFFormatError: no other exception, no allocation beyond a
-small bound, no case slower than a second. The seed changes every run and is printed on failure; set
-GGUF_FUZZ_SEED to replay one.
+small bound, and no read beyond the file (the reader is lazy and bounded: it never asks for more than a
+file holds, whatever a count or length in it claims). The seed changes every run and is printed on failure;
+set GGUF_FUZZ_SEED to replay one. Speed is not asserted here (it depends on the machine):
+scripts/bench_describe.py measures it; a hang would still end the run at pytest's timeout.
 """
 
 from __future__ import annotations
@@ -37,6 +39,19 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return path.read_bytes()
 
 
+class CountingSource(BytesSource):
+    """A BytesSource that counts the bytes it hands out."""
+
+    def __init__(self, data: bytes, name: str) -> None:
+        super().__init__(data, name)
+        self.bytes_read = 0
+
+    def read(self, offset: int, n: int) -> bytes:
+        got = super().read(offset, n)
+        self.bytes_read += len(got)
+        return got
+
+
 def _mutate(rng: random.Random, data: bytes, header_end: int) -> bytes:
     buf = bytearray(data)
     op = rng.randrange(6)
@@ -64,15 +79,14 @@ def test_fuzzed_files_fail_only_with_the_typed_error(base: bytes) -> None:
     rng = random.Random(seed)
     header_end = parse_header(BytesSource(base)).data_offsets[0]
     outcomes = {"ok": 0, "refused": 0}
-    slowest = 0.0
     for i in range(CASES):
         data = _mutate(rng, base, header_end)
         traced = i % TRACE_EVERY == 0  # tracemalloc slows parsing ~7x: measure every 4th case
         if traced:
             tracemalloc.start()
-        t0 = time.perf_counter()
+        src = CountingSource(data, name=f"case-{i}")
         try:
-            describe_header(parse_header(BytesSource(data, name=f"case-{i}")))
+            describe_header(parse_header(src))
             outcomes["ok"] += 1
         except GGUFFormatError as exc:
             assert f"case-{i}" in exc.message, (seed, i, exc.message)
@@ -83,10 +97,9 @@ def test_fuzzed_files_fail_only_with_the_typed_error(base: bytes) -> None:
             if traced:
                 peak = tracemalloc.get_traced_memory()[1]
                 tracemalloc.stop()
-        slowest = max(slowest, time.perf_counter() - t0)
+        assert src.bytes_read <= len(data), f"seed {seed} case {i}: read {src.bytes_read} of {len(data)} bytes"
         if traced:
             assert peak < MAX_ALLOC, f"seed {seed} case {i}: allocated {peak:,} bytes"
-    assert slowest < 1.0, f"seed {seed}: slowest case took {slowest:.2f} s"
     assert outcomes["ok"] + outcomes["refused"] == CASES
     # The mutations must really exercise both paths, or the test proves little.
     assert outcomes["refused"] > CASES // 4 and outcomes["ok"] > CASES // 20, (seed, outcomes)

@@ -1,81 +1,97 @@
-"""Lossless: with greedy sampling, speculation changes no output token, up to floating-point near-ties.
+"""Lossless: with greedy sampling, speculation changes no output token. Proven exactly on full precision.
 
-llama.cpp verifies drafts in batches, and batched arithmetic can flip a choice whose top two
-candidates are nearly equal. So at the first token where the speculative output departs from the
-baseline, the departure must be explained by batched arithmetic:
+Why full precision (measured for issue 9): on the embedded Q4_K_M file, greedy output with a self-draft
+(`--spec-type draft-simple`, the model as its own draft, `--spec-draft-n-max 8`) departs from the output
+without speculation on all 4 prompts tried on an AVX-512 AMD EPYC, at margins of 0.358, 0.050 and 0.341 nats;
+on the fourth prompt speculation took the third candidate, 0.22 nats behind the best. Evaluating the same
+prefix as one batch on the speculation-free server does not reproduce those flips. Quantized kernels take
+other arithmetic paths for a batch of tokens than for one (activations quantized per block, repacked weight
+layouts, tiled matrix-matrix against matrix-vector kernels), and those paths differ from one CPU to the next,
+so no margin tuned on one CPU holds on another. On an F32 copy of the same model (the engine's
+`llama-quantize --allow-requantize IN OUT F32`, 7 s, 1.08 GB) the same 4 prompts are identical token for
+token, 141 of 141 drafted tokens accepted in each. The one departure seen on F32: with `-np 4 -kvu` (as `up`
+launches) the Dijkstra prompt below has a real tie at token 11, its top two candidates 0.005 nats apart,
+which F32 arithmetic summed in another order flips.
 
-- the token the speculative run picked is within 0.1 nats of the baseline's top choice (a near-tie;
-  it can be the third of three near-equal candidates: measured here 0.08 nats behind), or
-- when the gap is a little wider (measured here on the Q4_K_M Gemma file on a CPU: 0.16 nats), the
-  speculation-free server makes the very same choice when it evaluates the same prefix as one batch,
-  which is what verification does. Then the flip comes from the arithmetic, not from speculation.
+F16 (checked here too, `scripts/check_precision.py`): F16 weights are not exact on this CPU: the
+matrix-vector path converts activations to F16 and the batched path does not in the same way, so a
+self-draft departs at clear margins; F32 is the type these tests use.
 
-Anything else, such as a departure at a clear margin that batched evaluation does not reproduce, is a bug.
+So the rule, on full-precision weights: speculative greedy output equals the output with speculation off,
+token for token. The only allowance is a real tie: at the first departure the baseline's top two candidates
+are within TIE_NATS of each other and speculation took the other of the two. No re-evaluation escape, no
+wider bound. Covered: two n-gram types, draft-simple with a self-draft (the embedded Q4_K_M file drafting
+for its F32 copy), draft-mtp on a synthetic NextN model written at F32, and the same two requests through
+`bostudio up` and through the daemon's speculation switch.
+
+On the quantized file the tests assert only what is portable: counters, `/slots` state, output produced
+and its length; never which token wins.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import openai
 import pytest
 
 from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import ServerProcess
 from bostudio.speculation import Speculator
+from tests.daemon_util import DaemonProc
+from tests.gguf_factory import tiny_glm4moe_mtp
 from tests.netutil import free_port
+from tests.test_pairing_servers import spec_counter
+from tests.test_up import Up
 
-NEAR_TIE_NATS = 0.1
-TOP_K = 5
-BATCH_NOISE_NATS = 0.5  # the widest margin batched arithmetic may flip, when reproduced by a batch
-N_PREDICT = 96
-COMPLETION_TIMEOUT_S = 900
-PROMPTS = [
+TIE_NATS = 0.01  # a real tie: the baseline's top two candidates closer than this
+N_PREDICT = 128
+TIMEOUT_S = 900  # per request: a loaded shared CI machine can be many times slower than a desktop
+PROMPTS = {
     # Code with repetition: n-gram speculation drafts here.
-    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
-    "        self.items.append(item)\n\n    def pop(self):\n        return self.items.pop()\n\n"
-    "class Queue:\n    def __init__(self):\n",
-    # Prose.
-    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
-]
-
-SPECULATORS = {
-    "off": Speculator("none"),
-    "ngram": Speculator("ngram", ("ngram-mod",)),
-    "draft-simple": None,  # filled in with the model itself as its own draft
+    "code-classes": (
+        "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
+        "        self.items.append(item)\n\n    def pop(self):\n        return self.items.pop()\n\n"
+        "    def peek(self):\n        return self.items[-1]\n\n    def __len__(self):\n"
+        "        return len(self.items)\n\n\nclass Queue:\n    def __init__(self):\n"),
+    # Measured: a 0.005-nat tie at token 11 under `-np 4 -kvu`.
+    "code-dijkstra": "import heapq\n\ndef dijkstra(graph, start):\n    dist = {start: 0}\n    queue = [(0, start)]\n",
+    "prose-fisherman": "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+    "prose-press": ("The printing press changed how ideas travelled across Europe. Before it, a book was "
+                    "copied by hand, and"),
 }
+# The same two requests go through `up` and through the daemon.
+END_TO_END = ("code-classes", "prose-fisherman")
+GREEDY = {"temperature": 0.0, "top_k": 1, "seed": 0, "ignore_eos": True}
 
 
-@pytest.fixture(scope="module")
-def servers(engine, gemma_gguf: Path, tmp_path_factory) -> Iterator[dict[str, LlamaClient]]:
-    logs = tmp_path_factory.mktemp("lossless-logs")
-    specs = dict(SPECULATORS, **{"draft-simple": Speculator("draft", ("draft-simple",), draft=gemma_gguf, n_max=8)})
-    procs: list[ServerProcess] = []
-    clients: dict[str, LlamaClient] = {}
-    try:
-        for name, sp in specs.items():
-            port = free_port()
-            # One slot each, so every request sees the same fresh state.
-            launch = LaunchSpec(model=gemma_gguf, alias="gemma", port=port, ctx=2048, speculator=sp, n_parallel=1)
-            proc = ServerProcess(build_argv(engine.path, engine.flags, launch), port, logs / f"{name}.log")
-            proc.start()
-            procs.append(proc)
-        for name, proc in zip(specs, procs):
-            proc.wait_ready()
-            clients[name] = LlamaClient(proc.base_url, timeout=None)
-        yield clients
-    finally:
-        for c in clients.values():
-            c.close()
-        for p in procs:
-            p.stop()
+@dataclass(frozen=True)
+class Greedy:
+    """A greedy generation: its tokens, and per position the top candidates (id, logprob), best first."""
+
+    tokens: list[int]
+    top: list[list[tuple[int, float]]]
+    timings: dict
+
+    @staticmethod
+    def from_native(resp: dict) -> "Greedy":
+        """From llama-server's /completion with return_tokens (and n_probs, for a baseline)."""
+        probs = resp.get("completion_probabilities") or []
+        return Greedy(resp["tokens"], [_candidates(p) for p in probs], resp.get("timings", {}))
+
+    @staticmethod
+    def from_openai(resp: dict) -> "Greedy":
+        """From /v1/completions with `logprobs`: llama-server puts token ids in logprobs.content."""
+        content = resp["choices"][0]["logprobs"]["content"]
+        return Greedy([c["id"] for c in content], [_candidates(c) for c in content], resp.get("timings", {}))
 
 
-def generate(client: LlamaClient, prompt: str, n_probs: int = 0) -> dict:
-    # Generous: a loaded shared CI machine can be many times slower than a desktop.
-    return client.completion(prompt, N_PREDICT, timeout=COMPLETION_TIMEOUT_S, return_tokens=True,
-                             n_probs=n_probs, seed=0, top_k=1)
+def _candidates(entry: dict) -> list[tuple[int, float]]:
+    return sorted(((t["id"], t["logprob"]) for t in entry["top_logprobs"]), key=lambda c: -c[1])
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -85,53 +101,228 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def gap_to_top(entry: dict, token: int) -> float | None:
-    """How many nats `token` trails the baseline's best token; None if it is not among the top few."""
-    probs = {t["id"]: t["logprob"] for t in entry["top_logprobs"]}
-    return max(probs.values()) - probs[token] if token in probs else None
-
-
-@pytest.mark.parametrize("spec_name", ["ngram", "draft-simple"])
-@pytest.mark.parametrize("prompt_index", range(len(PROMPTS)))
-def test_greedy_output_is_unchanged_by_speculation(servers, spec_name: str, prompt_index: int) -> None:
-    prompt = PROMPTS[prompt_index]
-    base = generate(servers["off"], prompt, n_probs=TOP_K)
-    spec = generate(servers[spec_name], prompt)
-    assert "draft_n" not in base["timings"]
-    if spec_name == "draft-simple" or prompt_index == 0:
-        # The speculator really ran: it drafted and had drafts accepted.
-        assert spec["timings"]["draft_n"] > 0
-        assert spec["timings"]["draft_n_accepted"] > 0
-    assert_same_up_to_batch_noise(servers["off"], prompt, base, spec, spec_name)
-
-
-def assert_same_up_to_batch_noise(off: LlamaClient, prompt: str, base: dict, spec: dict, spec_name: str,
-                                  max_batch_noise: float = BATCH_NOISE_NATS) -> None:
-    """`spec`'s greedy tokens equal `base`'s (generated by `off` with n_probs >= TOP_K), or first depart at a
-    near-tie, or at a gap below `max_batch_noise` that batched evaluation without speculation reproduces."""
-    i = first_difference(base["tokens"], spec["tokens"])
+def assert_lossless(base: Greedy, spec: Greedy, where: str) -> None:
+    """`spec`'s tokens equal `base`'s, or first depart at a real tie of the baseline's top two candidates."""
+    i = first_difference(base.tokens, spec.tokens)
     if i is None:
         return
-    where = f"{spec_name} departs from the baseline at token {i} of {len(base['tokens'])}"
-    assert i < len(spec["tokens"]) and i < len(base["tokens"]), f"{where}: one output is a prefix of the other"
-    margin = gap_to_top(base["completion_probabilities"][i], spec["tokens"][i])
-    assert margin is not None, f"{where} to a token outside the baseline's top {TOP_K}: a bug"
-    if margin < NEAR_TIE_NATS:
+    at = f"{where}: speculative output departs from the baseline at token {i} of {len(base.tokens)}"
+    assert i < len(base.tokens) and i < len(spec.tokens), f"{at}: one output is a prefix of the other"
+    top = base.top[i]
+    assert len(top) >= 2, f"{at}: the baseline has no second candidate to tie with"
+    (best_id, best), (second_id, second) = top[0], top[1]
+    margin = best - second
+    assert margin < TIE_NATS and spec.tokens[i] in (best_id, second_id), (
+        f"{at}: it took token {spec.tokens[i]} where the baseline's top two were {best_id} and {second_id}, "
+        f"{margin:.4f} nats apart (a tie is < {TIE_NATS}): speculation changed the output")
+
+
+# ----------------------------------------------------------------- servers on full precision
+
+def launch(engine, model: Path, name: str, sp: Speculator, logs: Path, ctx: int = 2048) -> ServerProcess:
+    port = free_port()
+    # One slot each, so every request sees the same fresh state.
+    spec = LaunchSpec(model=model, alias=name, port=port, ctx=ctx, speculator=sp, n_parallel=1)
+    proc = ServerProcess(build_argv(engine.path, engine.flags, spec), port, logs / f"{name}.log")
+    proc.start()
+    return proc
+
+
+@pytest.fixture(scope="module")
+def servers(engine, gemma_full_precision: Path, gemma_gguf: Path, tmp_path_factory) -> Iterator[dict[str, LlamaClient]]:
+    logs = tmp_path_factory.mktemp("lossless-logs")
+    specs = {
+        "off": Speculator("none"),
+        "ngram-mod": Speculator("ngram", ("ngram-mod",)),
+        "ngram-simple": Speculator("ngram", ("ngram-simple",)),
+        # The self-draft: the embedded Q4_K_M file is a low-bit copy of the F32 target.
+        "draft-simple": Speculator("draft", ("draft-simple",), draft=gemma_gguf, n_max=8),
+    }
+    procs: dict[str, ServerProcess] = {}
+    clients: dict[str, LlamaClient] = {}
+    try:
+        for name, sp in specs.items():
+            procs[name] = launch(engine, gemma_full_precision, name, sp, logs)
+        for name, proc in procs.items():
+            proc.wait_ready()
+            clients[name] = LlamaClient(proc.base_url, timeout=None)
+        yield clients
+    finally:
+        for c in clients.values():
+            c.close()
+        for p in procs.values():
+            p.stop()
+
+
+@pytest.fixture(scope="module")
+def baselines(servers) -> dict[str, Greedy]:
+    """Each prompt's greedy output without speculation, with the top candidates at every position."""
+    return {name: Greedy.from_native(servers["off"].completion(
+        prompt, N_PREDICT, timeout=TIMEOUT_S, return_tokens=True, n_probs=2, **GREEDY))
+        for name, prompt in PROMPTS.items()}
+
+
+@pytest.mark.parametrize("prompt", list(PROMPTS))
+@pytest.mark.parametrize("spec_name", ["ngram-mod", "ngram-simple", "draft-simple"])
+def test_greedy_output_equals_the_baseline_on_full_precision(servers, baselines, spec_name: str,
+                                                             prompt: str) -> None:
+    base = baselines[prompt]
+    assert len(base.tokens) == N_PREDICT and "draft_n" not in base.timings
+    spec = Greedy.from_native(servers[spec_name].completion(PROMPTS[prompt], N_PREDICT, timeout=TIMEOUT_S,
+                                                            return_tokens=True, **GREEDY))
+    assert len(spec.tokens) == N_PREDICT
+    if spec_name == "draft-simple":  # a draft model drafts on every prompt
+        assert spec.timings["draft_n"] > 0 and spec.timings["draft_n_accepted"] > 0
+    assert_lossless(base, spec, f"{spec_name} on {prompt!r}")
+
+
+@pytest.mark.parametrize("spec_name", ["ngram-mod", "ngram-simple", "draft-simple"])
+def test_each_speculator_really_drafted(servers, spec_name: str) -> None:
+    """The equality above proves something only if drafts were verified: each speculator drafted and had
+    drafts accepted on the repetitive code prompt."""
+    out = servers[spec_name].completion(PROMPTS["code-classes"], N_PREDICT, timeout=TIMEOUT_S, **GREEDY)
+    assert out["timings"]["draft_n"] > 0, f"{spec_name} drafted nothing"
+    assert 0 < out["timings"]["draft_n_accepted"] <= out["timings"]["draft_n"]
+    assert spec_counter(servers[spec_name], "num_accepted_tokens") > 0
+    assert all(s["speculative"] for s in servers[spec_name].slots())
+
+
+MTP_PROMPTS = [[1, 5, 6, 7], [1, 40, 12, 3, 90], [1, 100]]
+
+
+def test_draft_mtp_on_a_full_precision_nextn_model_equals_the_baseline(engine, tmp_path) -> None:
+    model = tiny_glm4moe_mtp(tmp_path / "glm-mtp-f32.gguf")  # every tensor F32 (general.file_type 0)
+    procs = {name: launch(engine, model, name, sp, tmp_path) for name, sp in
+             {"off": Speculator("none"), "mtp": Speculator("mtp", ("draft-mtp",))}.items()}
+    try:
+        clients = {}
+        for name, proc in procs.items():
+            proc.wait_ready()
+            clients[name] = LlamaClient(proc.base_url, timeout=None)
+        for prompt in MTP_PROMPTS:
+            base = Greedy.from_native(clients["off"].completion(prompt, N_PREDICT, timeout=TIMEOUT_S,
+                                                                return_tokens=True, n_probs=2, **GREEDY))
+            spec = Greedy.from_native(clients["mtp"].completion(prompt, N_PREDICT, timeout=TIMEOUT_S,
+                                                                return_tokens=True, **GREEDY))
+            assert len(base.tokens) == N_PREDICT and "draft_n" not in base.timings
+            assert spec.timings["draft_n"] > 0 and spec.timings["draft_n_accepted"] > 0
+            assert_lossless(base, spec, f"draft-mtp on {prompt}")
+        assert all(s["speculative"] for s in clients["mtp"].slots())
+    finally:
+        for proc in procs.values():
+            proc.stop()
+
+
+# ----------------------------------------------------------------- end to end: up and the daemon
+
+def openai_greedy(client: openai.OpenAI, model: str, prompt: str) -> Greedy:
+    """One request as a user's OpenAI client sends it; `logprobs` returns the token ids (and on the
+    baseline, the top two candidates for the tie rule)."""
+    resp = client.completions.create(model=model, prompt=prompt, max_tokens=N_PREDICT, logprobs=2,
+                                     temperature=0, seed=0, extra_body={"top_k": 1, "ignore_eos": True},
+                                     timeout=TIMEOUT_S)
+    return Greedy.from_openai(resp.model_dump())
+
+
+def test_the_switch_is_transparent_through_up(gemma_full_precision: Path, gemma_gguf: Path, tmp_state) -> None:
+    env = dict(os.environ)
+    ups = {"off": Up([str(gemma_full_precision), "--spec", "off", "--ctx", "2048", "--port", str(free_port())], env),
+           "on": Up([str(gemma_full_precision), "--spec", f"draft:{gemma_gguf}", "--ctx", "2048",
+                     "--port", str(free_port())], env)}
+    try:
+        fields = {name: up.wait_ready() for name, up in ups.items()}
+        assert fields["on"]["speculation"].startswith("draft-simple - active"), fields["on"]["speculation"]
+        out = {}
+        for name, f in fields.items():
+            client = openai.OpenAI(base_url=f["OpenAI base URL"], api_key="none", max_retries=0)
+            out[name] = {p: openai_greedy(client, f["model"], PROMPTS[p]) for p in END_TO_END}
+        for p in END_TO_END:
+            assert "draft_n" not in out["off"][p].timings
+            assert out["on"][p].timings["draft_n"] > 0
+            assert_lossless(out["off"][p], out["on"][p], f"`up --spec draft` on {p!r}")
+    finally:
+        for up in ups.values():
+            up.stop(2)
+
+
+def test_the_switch_is_transparent_through_the_daemon(gemma_full_precision: Path, gemma_gguf: Path,
+                                                      tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "gemma-f32.gguf").symlink_to(gemma_full_precision)
+    daemon = DaemonProc(tmp_path, models).start()
+    try:
+        client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="none", max_retries=0)
+        with daemon.http(timeout=TIMEOUT_S) as http:
+            r = http.post("/bostudio/instances", json={"model": "gemma-f32", "spec": f"draft:{gemma_gguf}"})
+            assert r.status_code == 200, r.text
+            on = {p: openai_greedy(client, "gemma-f32", PROMPTS[p]) for p in END_TO_END}
+            r = http.put("/bostudio/instances/gemma-f32/speculation", json={"mode": "off"})
+            assert r.status_code == 200, r.text
+            off = {p: openai_greedy(client, "gemma-f32", PROMPTS[p]) for p in END_TO_END}
+        for p in END_TO_END:
+            assert on[p].timings["draft_n"] > 0 and "draft_n" not in off[p].timings
+            assert_lossless(off[p], on[p], f"the daemon's speculation switch on {p!r}")
+    finally:
+        daemon.stop()
+
+
+# ----------------------------------------------------------------- quantized weights: only what is portable
+
+@pytest.fixture(scope="module")
+def q4_servers(engine, gemma_gguf: Path, tmp_path_factory) -> Iterator[dict[str, LlamaClient]]:
+    logs = tmp_path_factory.mktemp("q4-logs")
+    specs = {"off": Speculator("none"), "ngram-mod": Speculator("ngram", ("ngram-mod",)),
+             "draft-simple": Speculator("draft", ("draft-simple",), draft=gemma_gguf, n_max=8)}
+    procs = {name: launch(engine, gemma_gguf, f"q4-{name}", sp, logs) for name, sp in specs.items()}
+    clients = {}
+    try:
+        for name, proc in procs.items():
+            proc.wait_ready()
+            clients[name] = LlamaClient(proc.base_url, timeout=None)
+        yield clients
+    finally:
+        for c in clients.values():
+            c.close()
+        for p in procs.values():
+            p.stop()
+
+
+@pytest.mark.parametrize("spec_name", ["off", "ngram-mod", "draft-simple"])
+def test_quantized_speculation_counters_and_state(q4_servers, spec_name: str) -> None:
+    """On Q4_K_M the batched kernels differ from one CPU to the next: assert counters, state and length,
+    never which token wins."""
+    client = q4_servers[spec_name]
+    out = client.completion(PROMPTS["code-classes"], 32, timeout=TIMEOUT_S, return_tokens=True, **GREEDY)
+    assert len(out["tokens"]) == 32 and out["content"]
+    slots = client.slots()
+    if spec_name == "off":
+        assert "draft_n" not in out["timings"]
+        assert not any(s["speculative"] for s in slots)
         return
-    assert margin < max_batch_noise, f"{where} at a clear margin of {margin:.3f} nats: a bug"
-    # Evaluate the prefix in one batch on the speculation-free server: the same flip proves arithmetic.
-    prefix = off.tokenize(prompt) + base["tokens"][:i]
-    batched = off.completion(prefix, 1, return_tokens=True)
-    assert batched["tokens"][0] == spec["tokens"][i], (
-        f"{where} (margin {margin:.3f} nats) and batched evaluation without speculation does not "
-        f"reproduce the flip: a bug")
+    t = out["timings"]
+    assert t["draft_n"] > 0 and 0 < t["draft_n_accepted"] <= t["draft_n"]
+    assert all(s["speculative"] for s in slots)
+    assert spec_counter(client, "num_draft_tokens") >= t["draft_n"]
+    assert spec_counter(client, "num_accepted_tokens") >= t["draft_n_accepted"]
 
 
-def test_first_difference() -> None:
-    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+# ----------------------------------------------------------------- the rule itself
+
+def g(tokens: list[int], top: list[list[tuple[int, float]]] | None = None) -> Greedy:
+    return Greedy(tokens, top or [], {})
+
+
+def test_the_rule_accepts_equal_outputs_and_real_ties_only() -> None:
+    tie = [(7, -0.690), (9, -0.696), (3, -3.0)]
+    clear = [(7, -0.40), (9, -0.75), (3, -3.0)]
+    assert_lossless(g([1, 7, 4]), g([1, 7, 4]), "equal")
+    assert_lossless(g([1, 7, 4], [[], tie, []]), g([1, 9, 5]), "a 0.006-nat tie")
+    with pytest.raises(AssertionError, match="0.3500 nats apart"):
+        assert_lossless(g([1, 7, 4], [[], clear, []]), g([1, 9, 4]), "a clear margin")
+    with pytest.raises(AssertionError, match="took token 3"):  # within a tie, but not one of the two
+        assert_lossless(g([1, 7, 4], [[], tie, []]), g([1, 3, 4]), "the third candidate")
+    with pytest.raises(AssertionError, match="prefix"):
+        assert_lossless(g([1, 7, 4]), g([1, 7]), "short")
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
     assert first_difference([1, 2], [1, 2, 3]) == 2
-    entry = {"top_logprobs": [{"id": 7, "logprob": -0.45}, {"id": 9, "logprob": -0.5}]}
-    assert gap_to_top(entry, 9) == pytest.approx(0.05)
-    assert gap_to_top(entry, 7) == 0
-    assert gap_to_top(entry, 3) is None

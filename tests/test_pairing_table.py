@@ -81,13 +81,14 @@ def test_shipped_table_covers_the_families() -> None:
     names = {e.name for e in table.entries}
     assert {"qwen3.6-35b-a3b", "gemma4-26b-a4b", "qwen3.6-27b", "glm-5.2", "hunyuan-v3", "qwen3-dense",
             "llama-3", "gemma-3", "n-gram"} <= names
-    # no hub repo is named without a local record of it
-    assert all(c.hub == "" for e in table.entries for c in e.candidates)
+    # a hub repo is named only with the public source it was seen in (tests/test_pairing_fetch.py checks more)
+    assert all(c.evidence for e in table.entries for c in e.candidates if c.hub)
 
     def first_kinds(file: str, arch: str) -> list[str]:
         return [c.kind for e in table.matching(file, None, arch, "") for c in e.candidates]
 
-    assert first_kinds("Qwen3.6-35B-A3B-Q4_K_M.gguf", "qwen35moe")[0] == "dflash"
+    assert first_kinds("Qwen3.6-35B-A3B-Q4_K_M.gguf", "qwen35moe")[:2] == ["mtp", "dflash"]
+    assert first_kinds("DeepSeek-V4-Flash-0731-MXFP4_MOE.gguf", "deepseek4")[0] == "dspark"
     assert first_kinds("gemma-4-26B-A4B-it-Q4_K_M.gguf", "gemma4")[0] == "dflash"
     assert first_kinds("Qwen3.6-27B-Q4_K_M.gguf", "qwen35")[0] == "mtp"
     assert first_kinds("GLM-5.2-Q2_K.gguf", "glm-dsa")[0] == "mtp"

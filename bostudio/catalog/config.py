@@ -33,16 +33,24 @@ class CatalogConfig:
     ollama: bool = True
 
 
-def load_catalog_config(path: Path | None = None) -> CatalogConfig:
-    """Read `[catalog]` from config.toml (default: paths.config_file()); a missing file means defaults."""
+def read_config(path: Path | None = None) -> dict:
+    """The parsed config.toml (default: paths.config_file()); {} when there is none."""
     path = path or paths.config_file()
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            return tomllib.load(f)
     except FileNotFoundError:
-        return CatalogConfig()
+        return {}
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read config: {exc}", "fix the TOML syntax or remove the file") from exc
+
+
+def load_catalog_config(path: Path | None = None) -> CatalogConfig:
+    """Read `[catalog]` from config.toml (default: paths.config_file()); a missing file means defaults."""
+    path = path or paths.config_file()
+    data = read_config(path)
+    if "catalog" not in data:
+        return CatalogConfig()
     table = data.get("catalog", {})
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: `catalog` must be a table", "write it as [catalog]")

@@ -181,3 +181,24 @@ def pull(ref: str, revision: str = "main", log: Callable[[str], None] = print) -
         refs.parent.mkdir(parents=True, exist_ok=True)
         refs.write_text(listing.commit)
     return local[0]
+
+
+def cached_path(ref: str) -> Path | None:
+    """The local copy of `ref` (REPO[:QUANT|:FILE]) in the hub cache, all split parts complete, or None.
+    Looks at disk only (no network): the snapshot `refs/main` points to first, then any other."""
+    repo, _ = parse_ref(ref)
+    storage = _storage(repo, paths.hf_cache_dir())
+    snapshots = storage / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    main = storage / "refs" / "main"
+    head = main.read_text().strip() if main.is_file() else ""
+    for snap in sorted(snapshots.iterdir(), key=lambda p: p.name != head):
+        listing = [RemoteFile(str(f.relative_to(snap)), f.stat().st_size, None)
+                   for f in snap.rglob("*.gguf") if f.is_file()]  # is_file follows the blob symlink
+        try:
+            files = select_files(ref, listing)
+        except ModelError:
+            continue
+        return snap / files[0].path
+    return None

@@ -30,7 +30,7 @@ from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PlanError, PortInUseError, ServerError)
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware import discover_devices
-from bostudio.pairing.pair import choose
+from bostudio.pairing.fetch import choose_and_fetch
 from bostudio.planner import Plan, plan_for_launch
 from bostudio.rpc.probe import Pool, discover_pool
 from bostudio.rpc.workers import Worker
@@ -59,6 +59,7 @@ class SupervisorOptions:
     probe_tokens: int = 16
     ctx: int = 4096
     spec: str = "auto"
+    pull: str = "never"  # hub drafters: always | never (no one answers an `ask` in a daemon)
     workers: tuple[Worker, ...] = ()  # RPC workers (--rpc or config.toml [[rpc]]) every child may use
 
 
@@ -73,14 +74,16 @@ class ModelConfig:
     port: int | None = None  # pinned child port (else a free one per launch)
 
 
-def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, pool: Pool = Pool()) -> Plan:
+def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, pull: str = "never",
+               pool: Pool = Pool()) -> Plan:
     """The speculator (pairing table, auto-detection and compatibility check, as for `bostudio up`) and
     the planner's view of the child as the daemon runs it (llama-server's defaults: 4 slots sharing one
     f16 KV pool), over this machine's devices and the RPC workers of `pool`: `chosen.total` decides
     what gets evicted. Raises PlanError if it cannot fit."""
     devices = discover_devices(engine_devices=engine.devices).devices + pool.devices
     request = parse_spec("auto" if spec_mode == "on" else spec_mode)
-    speculator = choose(info, request, engine, ctx, devices=devices)[0].speculator
+    speculator = choose_and_fetch(info, request, engine, ctx, devices=devices, policy=pull,
+                                  log=lambda msg: log.info("%s: %s", info.path.name, msg)).speculator
     draft = describe(speculator.draft) if speculator.draft else None
     return plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft,
                            speculation="off" if speculator.kind == "none" else "on")
@@ -471,7 +474,7 @@ class Supervisor:
         for problem in inst.pool.problems:
             log.warning("%s: %s; planning without it", cfg.name, problem)
         try:
-            planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx, inst.pool)
+            planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx, self.opts.pull, inst.pool)
         except PlanError as exc:
             if inst.lost_workers:  # it fitted with the worker that died: say so; retrying cannot help
                 raise WorkerLostError(f"{cfg.name} does not fit without the lost rpc worker(s) "

@@ -42,6 +42,12 @@ BASE_FLAGS = (
     "-DGGML_RPC=ON",  # the RPC backend: llama-server --rpc, and rpc-server for worker machines
 )
 
+# The portable variant: ggml's default instruction set for the architecture (on x86-64: SSE4.2, AVX, AVX2,
+# FMA, F16C, no AVX-512) instead of -march=native. It is cached under a key of its own, and `engine list`
+# ranks it below the native build, so it runs only where it is asked for (LLAMA_SERVER=... or --engine).
+PORTABLE_FLAGS = ("-DGGML_NATIVE=OFF",)
+PORTABLE_ENV = "BOSTUDIO_ENGINE_PORTABLE"
+
 TARGETS = ("llama-server", "llama-quantize", "llama-fit-params", "test-llama-archs", "ggml-rpc-server")
 
 MANIFEST = "engine.json"
@@ -92,8 +98,8 @@ def backend_flags(backend: str, env: dict[str, str] | None = None) -> tuple[list
                              "install ROCm (https://rocm.docs.amd.com, packages `rocm-hip-sdk`) "
                              "and put /opt/rocm/bin on PATH")
         llvm = subprocess.run([hipconfig, "-l"], capture_output=True, text=True).stdout.strip()
-        rocm = subprocess.run([hipconfig, "-R"], capture_output=True, text=True).stdout.strip()
-        extra_env = {"HIPCXX": f"{llvm}/clang", "HIP_PATH": rocm}
+        rocm_root = subprocess.run([hipconfig, "-R"], capture_output=True, text=True).stdout.strip()
+        extra_env = {"HIPCXX": f"{llvm}/clang", "HIP_PATH": rocm_root}
         flags = ["-DGGML_HIP=ON"]
         if env.get("GPU_TARGETS"):
             flags.append(f"-DGPU_TARGETS={env['GPU_TARGETS']}")
@@ -243,15 +249,31 @@ class Progress:
             self.out.flush()
 
 
+def portable_requested(env: dict[str, str] | None = None) -> bool:
+    """Whether $BOSTUDIO_ENGINE_PORTABLE asks for the portable variant (1/yes/true/on)."""
+    value = (os.environ if env is None else env).get(PORTABLE_ENV, "")
+    return value.strip().lower() in ("1", "yes", "true", "on")
+
+
+def is_current_default(eng: BuiltEngine) -> bool:
+    """Built with today's base flags and not as a variant: what `engine build` makes by default."""
+    return (cache_key(eng.commit, eng.backend, list(eng.flags)) == eng.key
+            and not any(f in PORTABLE_FLAGS for f in eng.flags))
+
+
 def build_engine(backend: str = "cpu", jobs: int | None = None, source: LlamaSource | None = None,
-                 log: Callable[[str], None] = print, force: bool = False) -> BuiltEngine:
-    """Build (or return the cached) engine for `backend`."""
+                 log: Callable[[str], None] = print, force: bool = False,
+                 portable: bool | None = None) -> BuiltEngine:
+    """Build (or return the cached) engine for `backend`; `portable` (default: $BOSTUDIO_ENGINE_PORTABLE)
+    builds without -march=native."""
     if backend not in BACKENDS and backend != "auto":
         raise BuildError(f"unknown backend {backend!r}", "choose one of: " + ", ".join(BACKENDS))
     if backend == "auto":
         backend = detect_backend()
         log(f"auto-detected backend: {backend}")
     flags, extra_env = backend_flags(backend)
+    if portable_requested() if portable is None else portable:
+        flags = [*flags, *PORTABLE_FLAGS]
     _check_base_toolchain(dict(os.environ))
     src = source or ensure_source(log=log)
     key = cache_key(src.commit, backend, flags)
@@ -272,7 +294,8 @@ def build_engine(backend: str = "cpu", jobs: int | None = None, source: LlamaSou
     jobs = jobs or os.cpu_count() or 2
     compile_cmd = ["cmake", "--build", str(build_dir), "--parallel", str(jobs),
                    "--target", *TARGETS]
-    log(f"building llama.cpp {src.short_commit} for {backend} with {jobs} jobs "
+    variant = " (portable: no -march=native)" if any(f in PORTABLE_FLAGS for f in flags) else ""
+    log(f"building llama.cpp {src.short_commit} for {backend}{variant} with {jobs} jobs "
         f"(log: {log_path}); a CPU build takes about 10-15 minutes on 2 cores")
     started = time.monotonic()
     with open(log_path, "w") as logf:

@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bostudio.engine.build import RPC_SERVER, built_engines
+from bostudio.engine.build import RPC_SERVER, built_engines, is_current_default
 from bostudio.errors import EngineError
 
 PROBE_TIMEOUT_S = 20.0
@@ -41,7 +41,7 @@ class EngineDevice:
 @dataclass(frozen=True)
 class Engine:
     path: Path
-    source: str  # "built" | "env" | "path"
+    source: str  # "env" | "built" | "built-other" (a variant or older flags) | "path" | "explicit"
     version: str = "unknown"
     build: int = 0
     commit: str = "unknown"
@@ -184,7 +184,8 @@ def candidate_paths() -> list[tuple[Path, str]]:
     if env:
         cands.append((Path(env).expanduser(), "env"))
     for eng in built_engines():
-        cands.append((eng.server, "built"))
+        # A variant (portable) or a build from older base flags is used only when nothing better is there.
+        cands.append((eng.server, "built" if is_current_default(eng) else "built-other"))
     on_path = shutil.which("llama-server")
     if on_path:
         cands.append((Path(on_path), "path"))
@@ -202,13 +203,14 @@ def discover_engines() -> list[Engine]:
     return [probe_engine(p, src) for p, src in candidate_paths()]
 
 
-_SOURCE_RANK = {"env": 2, "built": 1, "path": 0}
+_SOURCE_RANK = {"env": 3, "built": 2, "built-other": 1, "path": 0}
 
 
 def choose_engine(engines: list[Engine]) -> Engine:
     """The best usable engine for this machine's devices: one that sees GPUs beats CPU-only, more
-    device memory beats less; on a tie the one the user named (LLAMA_SERVER) beats our build beats
-    PATH, and one with the RPC backend beats one without."""
+    device memory beats less; on a tie the one the user named (LLAMA_SERVER) beats our default build beats
+    our other builds (the portable variant, older flags) beats PATH, and one with the RPC backend beats
+    one without."""
     usable = [e for e in engines if e.usable]
     if not usable:
         why = "; ".join(f"{e.path}: {e.problem}" for e in engines) or "none found"

@@ -93,7 +93,7 @@ class ModelInfo:
     drafter: str | None  # None | dflash | dspark | eagle3 | mtp-sidecar
     drafter_block_size: int  # DFlash/DSpark trained block size (default 16), else 0
     drafter_target_layers: tuple[int, ...]  # EAGLE3/DFlash target layers
-    drafter_target_hidden: int  # eagle3.target_hidden_size, else 0
+    drafter_target_hidden: int  # eagle3.target_hidden_size; DFlash: fc.weight width / target layers; else 0
     tokenizer: TokenizerInfo
     has_chat_template: bool
     chat_template_names: tuple[str, ...]  # named templates (tokenizer.chat_template.<name>)
@@ -101,6 +101,8 @@ class ModelInfo:
     # because llama.cpp's CPU backend keeps a second, repacked copy of some types (CPU_REPACK).
     matmul_bytes_by_type: tuple[tuple[str, int], ...] = ()
     chat_template: str | None = field(default=None, repr=False)  # raw text: never render it; escape to show
+    # Why llama.cpp cannot load this drafter as it is ('' when it can): e.g. a fork-only DFlash layout.
+    drafter_format_problem: str = ""
 
     @property
     def is_mla(self) -> bool:
@@ -302,9 +304,15 @@ def _recurrent(header: Header, a: str, n_layer: int, n_block: int, n_head_kv: tu
     return (False,) * n_block
 
 
+# DFlash drafters converted for llama.cpp forks (beellama.cpp, lucebox): another architecture name and nested
+# keys (`dflash-draft.dflash.target_layer_ids`); upstream llama.cpp does not know the architecture
+# (llama.cpp #25116, Anbeeld/beellama.cpp #4).
+FORK_DFLASH_ARCHS = ("dflash-draft",)
+
+
 def _drafter(header: Header, a: str, n_block: int, has_mtp: bool) -> str | None:
     names = {t.name for t in header.tensors}
-    if a == "dflash":
+    if a == "dflash" or a in FORK_DFLASH_ARCHS:
         return "dspark" if "markov_w1.weight" in names else "dflash"
     if a == "eagle3":
         return "eagle3"
@@ -314,6 +322,31 @@ def _drafter(header: Header, a: str, n_block: int, has_mtp: bool) -> str | None:
     if has_mtp and "blk.0.attn_norm.weight" not in names and n_block > 1:
         return "mtp-sidecar"
     return None
+
+
+def _drafter_format_problem(header: Header, a: str) -> str:
+    """Why llama-server would refuse this DFlash/DSpark drafter at load ('' when the layout is upstream's)."""
+    if a in FORK_DFLASH_ARCHS:
+        nested = sorted((k for k in header.fields if k.startswith(f"{a}.dflash.")),
+                        key=lambda k: ("target_layer" not in k, k))  # the key llama.cpp misses first
+        return (f"it is in a fork-only DFlash layout: general.architecture = {a!r} (llama.cpp knows 'dflash')"
+                + (f" with nested keys such as {nested[0]}" if nested else ""))
+    if a == "dflash":
+        nested = sorted(k for k in header.fields if k.startswith("dflash.dflash."))
+        if nested:
+            return f"it has nested DFlash keys ({nested[0]}) that llama.cpp does not read"
+        if header.fields.get("dflash.target_layers") is None:
+            return "it lacks dflash.target_layers (llama.cpp: \"DFlash model requires 'target_layers'\")"
+    return ""
+
+
+def _dflash_target_hidden(header: Header, n_target_layers: int) -> int:
+    """The target hidden size a DFlash drafter was built for: its fc.weight reads the concatenated hidden
+    states of the target layers, so its input width is n_target_layers x the target's n_embd."""
+    fc = next((t for t in header.tensors if t.name == "fc.weight"), None)
+    if fc is None or not fc.shape or not n_target_layers or fc.shape[0] % n_target_layers:
+        return 0
+    return fc.shape[0] // n_target_layers
 
 
 def _kind(header: Header, a: str, drafter: str | None) -> str:
@@ -357,6 +390,7 @@ def describe_header(header: Header) -> ModelInfo:
     target_layers = header.array_value(f"{a}.target_layers", INTEGER_TYPES)
     if target_layers is not None and target_layers.values is None:
         raise _fail(header, f"{a}.target_layers has {target_layers.count:,} entries")
+    layers = tuple(int(v) for v in target_layers.values or ()) if target_layers else ()
 
     freq_base = header.float_value(k + "rope.freq_base")
     freq_base = 10000.0 if freq_base is None else freq_base
@@ -408,9 +442,12 @@ def describe_header(header: Header) -> ModelInfo:
         n_ff_exp=max(_per_layer(header, k + "expert_feed_forward_length", n_block, 0), default=0),
         leading_dense_blocks=_uint(header, k + "leading_dense_block_count"),
         has_mtp=has_mtp, drafter=drafter,
-        drafter_block_size=_uint(header, "dflash.block_size", 16) if a == "dflash" else 0,
-        drafter_target_layers=tuple(int(v) for v in target_layers.values or ()) if target_layers else (),
-        drafter_target_hidden=_uint(header, "eagle3.target_hidden_size") if a == "eagle3" else 0,
+        drafter_block_size=(_uint(header, "dflash.block_size", 16) if a == "dflash" else 16)
+        if drafter in ("dflash", "dspark") else 0,
+        drafter_target_layers=layers,
+        drafter_target_hidden=(_uint(header, "eagle3.target_hidden_size") if a == "eagle3" else
+                               _dflash_target_hidden(header, len(layers)) if a == "dflash" else 0),
+        drafter_format_problem=_drafter_format_problem(header, a) if drafter in ("dflash", "dspark") else "",
         tokenizer=tokenizer,
         has_chat_template=bool(template) or bool(template_names),
         chat_template_names=template_names,

@@ -29,3 +29,17 @@ def speculator_memory_bytes(target: ModelInfo, sp: Speculator, draft: ModelInfo 
     if sp.kind == "none":
         return 0
     return max(0, total(sp, draft) - total(NO_SPEC, None))
+
+
+def context_tokens_for(target: ModelInfo, n_bytes: int, ctx: int, devices: Iterable[Device] = CPU_ONLY) -> int:
+    """How many tokens of `target`'s context `n_bytes` would pay for at about `ctx` tokens (the planner's
+    KV cache, recurrent state and buffers per token, measured between ctx/2 and ctx)."""
+    devs = tuple(devices)
+    ngl = target.n_block + 1 if any(d.is_gpu for d in devs) else 0
+    lo, hi = max(256, ctx // 2), max(512, ctx)
+
+    def total(n: int) -> int:
+        return sum(u.bytes for u in memory_uses(target, devs, Intent(ctx=n), NO_SPEC, n, ngl)[0])
+
+    per_token = (total(hi) - total(lo)) / (hi - lo)
+    return int(n_bytes / per_token) if per_token > 0 else 0

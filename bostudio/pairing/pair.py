@@ -3,15 +3,15 @@ probe tokenization, make self-drafts with llama-quantize and record them in the 
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bostudio import paths
 from bostudio.catalog.index import scan_catalog
 from bostudio.engine.discover import Engine
-from bostudio.errors import BostudioError, ConfigError, EngineError, GGUFFormatError
+from bostudio.engine.quantize import quantize
+from bostudio.errors import BostudioError, ConfigError, GGUFFormatError
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware.device import Device
 from bostudio.pairing.compat import check_compatibility
@@ -21,7 +21,6 @@ from bostudio.pairing.select import DraftFile, Selection, select
 from bostudio.pairing.table import PairingTable, load_pairings, parse_table, user_table_path
 from bostudio.speculation import DRAFT_N_MAX, SpecRequest
 
-QUANTIZE_TIMEOUT_S = 1800.0
 MIB = 1024 * 1024
 
 
@@ -86,30 +85,48 @@ def engine_devices(engine: Engine) -> tuple[Device, ...]:
 
 def choose(target: ModelInfo, request: SpecRequest, engine: Engine, ctx: int = 4096,
            table: PairingTable | None = None,
-           devices: tuple[Device, ...] | None = None) -> tuple[Selection, PairingTable]:
+           devices: tuple[Device, ...] | None = None, *, hub_copies: Mapping[str, Path] | None = None,
+           remote: Sequence[DraftFile] = (), unavailable: Mapping[str, str] | None = None,
+           ) -> tuple[Selection, PairingTable]:
     """Select the speculator for `target` with the user's and the shipped tables and the local GGUFs.
-    Explicit modes (off, ngram, mtp, draft:PATH) need neither the tables nor a scan of the catalog."""
+    Explicit modes (off, ngram, mtp, draft:PATH) need neither the tables nor a scan of the catalog.
+    `hub_copies` maps the table's hub refs to their files in the hub cache (default: looked up on disk);
+    `remote` are hub drafters known by their header only, `unavailable` why other refs are not here
+    (`fetch.choose_and_fetch` passes both)."""
     if request.mode != "auto":
         table = PairingTable() if table is None else table
         drafts = draft_files(target, [request.draft] if request.draft is not None else [])
     else:
         table = load_pairings() if table is None else table
         named = [c.draft for e in table.entries for c in e.candidates if c.draft is not None]
-        drafts = draft_files(target, local_gguf_paths(target, named))
+        if hub_copies is None:
+            from bostudio.pairing.fetch import hub_refs, local_hub_copies
+
+            hub_copies = local_hub_copies(hub_refs(target, table))
+        # a hub copy keeps its snapshot path (the file's name), not the blob the catalog resolves it to
+        blobs = {p.resolve() for p in hub_copies.values()}
+        drafts = [d for d in draft_files(target, local_gguf_paths(target, named)) if d.path.resolve() not in blobs]
+        for ref, p in hub_copies.items():
+            drafts += [replace(d, hub=ref) for d in draft_files(target, [p])]
+        drafts += list(remote)
     devices = engine_devices(engine) if devices is None else devices
 
     def cost(sp, draft):  # type: ignore[no-untyped-def]
         return speculator_memory_bytes(target, sp, draft, ctx, devices)
 
     sel = select(target, table, request, engine_spec_types=engine.spec_types, drafts=drafts, cost=cost,
-                 has_gpu=engine.gpu_mib() > 0)
+                 has_gpu=engine.gpu_mib() > 0, unavailable=unavailable)
     return sel, table
 
 
 def pair_model(target_path: Path, engine: Engine, request: SpecRequest = SpecRequest("auto"), ctx: int = 4096,
                probe: bool = True) -> PairReport:
+    from bostudio.pairing.fetch import choose_and_fetch
+
     target = describe(target_path)
-    sel, table = choose(target, request, engine, ctx)
+    # `pair` explains and never downloads: a hub drafter shows as what `up --pull ask|always` would fetch
+    table = load_pairings() if request.mode == "auto" else PairingTable()
+    sel = choose_and_fetch(target, request, engine, ctx, policy="never", table=table)
     result = None
     sp = sel.speculator
     if probe and sp.kind == "draft" and sp.draft is not None:
@@ -156,33 +173,12 @@ def self_draft_info(target: ModelInfo, quant: str) -> ModelInfo:
 def make_self_draft(target: Path, quant: str, engine: Engine, log: Callable[[str], None] = print,
                     force: bool = False) -> Path:
     """A low-bit copy of `target` made with the engine's llama-quantize (cached by name)."""
-    tool = engine.tool("llama-quantize")
-    if tool is None:
-        raise EngineError(f"no llama-quantize beside {engine.path}",
-                          "build the engine with `bostudio engine build` (it builds llama-quantize too)")
     out = self_draft_path(target, quant)
     if out.exists() and not force:
         log(f"self-draft {out} already exists")
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".partial")
-    log(f"quantizing {target.name} to {quant} with {tool.name} ...")
-    try:
-        proc = subprocess.run([str(tool), "--allow-requantize", str(target), str(tmp), quant],
-                              capture_output=True, text=True, errors="replace", timeout=QUANTIZE_TIMEOUT_S)
-    except subprocess.TimeoutExpired as exc:
-        tmp.unlink(missing_ok=True)
-        raise EngineError(f"llama-quantize took over {QUANTIZE_TIMEOUT_S:.0f} s", "try again on a quieter machine") from exc
-    if proc.returncode != 0 or not tmp.exists():
-        tmp.unlink(missing_ok=True)
-        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-        detail = next((ln for ln in reversed(lines) if "invalid" in ln.lower() or "error" in ln.lower()),
-                      lines[-1] if lines else "no output")
-        raise ConfigError(f"llama-quantize could not make a {quant} copy: {detail.strip()}",
-                          "use a type llama-quantize lists, e.g. Q2_K, Q3_K_S, Q4_K_M, IQ2_XXS (IQ types "
-                          "need an importance matrix)")
-    tmp.replace(out)
-    return out
+    log(f"quantizing {target.name} to {quant} with llama-quantize ...")
+    return quantize(engine, target, out, quant)
 
 
 def _toml_str(s: str) -> str:

@@ -10,7 +10,7 @@ refuse is never chosen: llama-server would silently run without speculation.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -32,6 +32,8 @@ class DraftFile:
 
     info: ModelInfo
     compat: CompatReport
+    hub: str = ""  # the table's hub ref this file is a copy of (in the HF cache), or will be once pulled
+    remote: bool = False  # only its header was read (range requests): it must be pulled before launch
 
     @property
     def path(self) -> Path:
@@ -50,12 +52,16 @@ class Considered:
     draft: ModelInfo | None = None
     memory_bytes: int | None = None
     note: str = ""
+    hub: str = ""  # the candidate's hub ref (owner/repo[:quant])
+    evidence: str = ""  # where that ref was seen (issue, PR, model card)
+    fetch: bool = False  # the draft is on the hub only: pull `hub` before launch
 
     def to_json(self) -> dict:
         return {"label": self.label, "origin": self.origin, "usable": self.usable, "why": self.why,
                 "spec_types": list(self.speculator.spec_types) if self.speculator else [],
                 "draft": str(self.draft.path) if self.draft else None, "memory_bytes": self.memory_bytes,
-                "note": self.note}
+                "note": self.note, "hub": self.hub or None, "source": self.evidence or None,
+                "fetch": self.fetch}
 
 
 @dataclass(frozen=True)
@@ -101,14 +107,22 @@ def _speculator(c: Candidate, kind: str, draft: Path | None, n_max: int | None, 
 def _drafter_problem(target: ModelInfo, d: ModelInfo) -> str:
     """Why a DFlash/DSpark/EAGLE3/MTP-sidecar drafter does not fit this target ('' when it does).
     These mismatches abort llama-server instead of disabling speculation (reference 1.6)."""
+    if d.drafter_format_problem:
+        return (d.drafter_format_problem + "; llama-server cannot load it: use a drafter converted with "
+                "upstream convert_hf_to_gguf.py --target-model-dir (general.architecture = dflash with "
+                "dflash.target_layers), or the fork it was made for")
     bad = [layer for layer in d.drafter_target_layers if layer >= target.n_layer]
     if bad:
         return (f"it reads target layer {bad[0]}, but the target has only {target.n_layer} layers "
                 "(made for another model)")
-    if d.drafter == "eagle3" and d.drafter_target_hidden and d.drafter_target_hidden != target.n_embd:
-        return f"it expects a hidden size of {d.drafter_target_hidden}, the target has {target.n_embd}"
+    if d.drafter_target_hidden and d.drafter_target_hidden != target.n_embd:
+        return (f"it was built for a target with hidden size {d.drafter_target_hidden}, this target has "
+                f"{target.n_embd} (made for another model)")
     if d.drafter == "mtp-sidecar" and d.architecture != target.architecture:
         return f"it is an MTP head for {d.architecture}, the target is {target.architecture}"
+    if d.drafter == "mtp-sidecar" and not d.mtp_usable:
+        return (f"this engine's llama.cpp has no MTP graph for {d.architecture} (the NextN layers are only "
+                "preserved)")
     if d.drafter in ("dflash", "dspark") and not d.drafter_target_layers:
         return "it names no target layers"
     return ""
@@ -116,10 +130,15 @@ def _drafter_problem(target: ModelInfo, d: ModelInfo) -> str:
 
 class _Evaluator:
     def __init__(self, target: ModelInfo, drafts: Sequence[DraftFile], engine_spec_types: tuple[str, ...],
-                 cost: CostFn) -> None:
+                 cost: CostFn, unavailable: Mapping[str, str] | None = None) -> None:
         self.target = target
-        self.drafts = drafts
-        self.by_path = {d.path: d for d in drafts}
+        self.drafts = [d for d in drafts if not d.remote]
+        self.by_hub: dict[str, list[DraftFile]] = {}
+        for d in sorted(drafts, key=lambda d: d.remote):  # a local copy before the remote header
+            if d.hub:
+                self.by_hub.setdefault(d.hub, []).append(d)
+        self.unavailable = unavailable or {}
+        self.by_path = {d.path: d for d in self.drafts}
         self.engine = engine_spec_types
         self.cost = cost
 
@@ -130,7 +149,11 @@ class _Evaluator:
             kind = draft.drafter if draft.drafter in ("dflash", "dspark") else c.kind
             label = f"{kind} {draft.path.name}" + (f" + {c.with_ngram}" if c.with_ngram else "")
         mem = self.cost(sp, draft) if sp is not None else None
-        return Considered(label, origin, usable, why, sp, draft, mem, c.note)
+        fetch = bool(c.hub) and draft is not None and any(
+            f.remote and f.path == draft.path for f in self.by_hub.get(c.hub, ()))
+        if fetch:  # known by its remote header only: name it by its ref
+            label = f"{label.split(' ', 1)[0]} {c.hub} (on the hub)" + (f" + {c.with_ngram}" if c.with_ngram else "")
+        return Considered(label, origin, usable, why, sp, draft, mem, c.note, c.hub, c.evidence, fetch)
 
     def evaluate(self, c: Candidate, origin: str) -> Considered:
         t = self.target
@@ -142,7 +165,14 @@ class _Evaluator:
             if not t.has_mtp:
                 why = ("the target has no MTP (NextN) layers" if not t.n_nextn else
                        f"the target declares {t.n_nextn} NextN layer(s) but has no nextn.eh_proj tensor")
+                if c.hub:  # the table names this model's MTP variant: a whole model, never fetched silently
+                    why += (f"; this GGUF was converted without them, the variant that keeps them is {c.hub}: "
+                            f"`bostudio pull {c.hub}` and serve that")
                 return self.result(c, origin, False, why)
+            if not t.mtp_usable:
+                return self.result(c, origin, False, f"it keeps {t.n_nextn} NextN layer(s), but this engine's "
+                                                     f"llama.cpp has no MTP graph for {t.architecture} (the "
+                                                     "layers are only preserved); use another speculator")
             sp = _speculator(c, "mtp", None, c.n_max or MTP_N_MAX,
                              f"the target's own MTP head ({t.n_nextn} NextN layer(s)): no second model, "
                              "a small extra KV cache")
@@ -167,11 +197,14 @@ class _Evaluator:
         found = _find(self.drafts, self.target, c.find) if c.find else []
         if found:
             return found
+        if c.hub and self.by_hub.get(c.hub):
+            return self.by_hub[c.hub]
         where = f"no local model matches {c.find!r}" if c.find else "no draft file given"
         if c.find and fnmatch.fnmatchcase(self.target.path.name.lower(), c.find.lower()):
             where = f"the only local model matching {c.find!r} is the target itself"
         if c.hub:
-            return f"{where}; download {c.hub} (e.g. huggingface-cli download) to use it"
+            missing = self.unavailable.get(c.hub) or f"{c.hub} is not on this machine (bostudio pull {c.hub})"
+            return f"{where}; {missing}"
         return f"{where}, and the hub ref is not filled in: set draft or hub in pairings.toml"
 
     def _with_file(self, c: Candidate, origin: str, f: DraftFile) -> Considered:
@@ -229,15 +262,15 @@ def _auto_candidates(target: ModelInfo, drafts: Sequence[DraftFile], table_files
         out.append(Candidate("mtp", entry="auto", note="detected from the target's metadata"))
     for f in drafts:
         d = f.info
-        if d.path == target.path or d.path in table_files:
+        if d.path == target.path or d.path in table_files or f.remote:
             continue
         if d.drafter in ("dflash", "dspark", "eagle3", "mtp-sidecar") and f.compat.compatible:
             kind = "mtp" if d.drafter == "mtp-sidecar" else d.drafter
             out.append(Candidate(kind, draft=d.path, entry="auto", note="drafter kind detected from its metadata"))
     for f in sorted(drafts, key=lambda f: f.info.n_params, reverse=True):
         d = f.info
-        if (d.drafter is None and d.kind == "model" and d.path != target.path and d.path not in table_files
-                and target.tokenizer.fingerprint and d.tokenizer.fingerprint == target.tokenizer.fingerprint
+        if (not f.remote and d.drafter is None and d.kind == "model" and d.path != target.path
+                and d.path not in table_files and target.tokenizer.fingerprint and d.tokenizer.fingerprint == target.tokenizer.fingerprint
                 and d.n_params <= MAX_DRAFT_RATIO * target.n_params):
             out.append(Candidate("draft", draft=d.path, entry="auto",
                                  note=f"same tokenizer, {d.n_params / max(1, target.n_params):.0%} of the "
@@ -246,16 +279,19 @@ def _auto_candidates(target: ModelInfo, drafts: Sequence[DraftFile], table_files
 
 
 def select(target: ModelInfo, table: PairingTable, request: SpecRequest, *, engine_spec_types: tuple[str, ...],
-           drafts: Sequence[DraftFile] = (), cost: CostFn = _no_cost, has_gpu: bool = False) -> Selection:
-    """The speculator for `target`. `drafts` are the local GGUFs that could draft for it (the catalog's and
-    those the table names), each with its compatibility report; `cost` gives a speculator's memory bytes."""
+           drafts: Sequence[DraftFile] = (), cost: CostFn = _no_cost, has_gpu: bool = False,
+           unavailable: Mapping[str, str] | None = None) -> Selection:
+    """The speculator for `target`. `drafts` are the GGUFs that could draft for it (the catalog's, those the
+    table names, and hub drafters known by their remote header only: `remote`), each with its compatibility
+    report; `cost` gives a speculator's memory bytes; `unavailable` says, per hub ref, why it is not here."""
     if request.mode != "auto":
         return _explicit(target, request, engine_spec_types, drafts, cost, has_gpu)
-    ev = _Evaluator(target, drafts, engine_spec_types, cost)
+    ev = _Evaluator(target, drafts, engine_spec_types, cost, unavailable)
     entries = table.matching(target.path.name, target.name, target.architecture, target.tokenizer.fingerprint)
     specific = [e for e in entries if not e.match.is_catch_all]
     catch_all = [e for e in entries if e.match.is_catch_all]
     table_files = {c.draft for e in entries for c in e.candidates if c.draft is not None}
+    table_files |= {f.path for f in drafts if f.hub}
     ordered: list[tuple[Candidate, str]] = []
     for e in specific:
         ordered += [(c, f"table entry {e.name!r} ({c.source})") for c in e.candidates]
@@ -281,6 +317,10 @@ def select(target: ModelInfo, table: PairingTable, request: SpecRequest, *, engi
 
 def _explicit(target: ModelInfo, request: SpecRequest, engine_spec_types: tuple[str, ...],
               drafts: Sequence[DraftFile], cost: CostFn, has_gpu: bool) -> Selection:
+    if request.mode == "mtp" and target.has_mtp and not target.mtp_usable:
+        raise ConfigError(f"{target.path.name} keeps {target.n_nextn} NextN layer(s), but this engine's llama.cpp "
+                          f"has no MTP graph for {target.architecture} (the layers are only preserved)",
+                          "use --spec auto or --spec ngram")
     sp = choose_speculator(request, n_nextn=target.n_nextn if target.has_mtp else 0,
                            engine_spec_types=engine_spec_types, has_gpu=has_gpu)
     draft_info = None

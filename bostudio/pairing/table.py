@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bostudio import paths
+from bostudio.catalog.stores import quant_tag
 from bostudio.errors import ConfigError
 from bostudio.speculation import KINDS, NGRAM_PARAMS, NGRAM_VARIANTS
 
@@ -94,6 +95,7 @@ class Candidate:
     note: str = ""
     entry: str = ""  # the entry's name
     source: str = ""  # file:line it came from
+    evidence: str = ""  # the table's `source`: the public issue, PR or model card that names the hub ref
 
     @property
     def label(self) -> str:
@@ -130,7 +132,7 @@ TOP_KEYS = ("version", "pairing")
 ENTRY_KEYS = ("name", "note", "match", "candidate")
 MATCH_KEYS = ("name", "architecture", "tokenizer")
 CANDIDATE_KEYS = ("kind", "draft", "hub", "find", "variant", "params", "with_ngram", "n_max", "n_min", "p_min",
-                  "cache_type_k_draft", "cache_type_v_draft", "self_draft", "note")
+                  "cache_type_k_draft", "cache_type_v_draft", "self_draft", "note", "source")
 _ALL_NGRAM_PARAMS = tuple(sorted({p for ps in NGRAM_PARAMS.values() for p in ps}))
 
 
@@ -330,12 +332,36 @@ def _candidate(r: _Reader, c: dict, where: str, index: int, entry: str, file: Pa
                          (f"did you mean `{near[0]}`? " if near else "") + "types: " + ", ".join(CACHE_TYPES),
                          r.line_of(key, sec, index))
         cache[key] = v
+    hub = get("hub", (str,), "a string") or ""
+    if hub:
+        problem = hub_ref_problem(hub)
+        if problem:
+            raise r.fail(f"{where}hub", problem, 'write owner/repo, owner/repo:QUANT or owner/repo:FILE.gguf, '
+                                                 'e.g. hub = "Qwen/Qwen3-8B-GGUF:Q4_K_M"', r.line_of("hub", sec, index))
+        if kind == "ngram":
+            raise r.fail(f"{where}hub", "an n-gram speculator takes no model", "remove hub",
+                         r.line_of("hub", sec, index))
     return Candidate(
-        kind=kind, draft=draft, hub=get("hub", (str,), "a string") or "", find=get("find", (str,), "a string") or "",
+        kind=kind, draft=draft, hub=hub, find=get("find", (str,), "a string") or "",
         variant=variant, params=tuple(params), with_ngram=with_ngram, n_max=n_max, n_min=n_min,
         p_min=float(p_min) if p_min is not None else None, self_draft=bool(get("self_draft", (bool,), "true or false")),
         note=get("note", (str,), "a string") or "", entry=entry,
+        evidence=get("source", (str,), "a string") or "",
         source=f"{file}:{r.line_of('kind', sec, index)}", **cache)
+
+
+_REPO = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+def hub_ref_problem(ref: str) -> str:
+    """What is wrong with a hub ref `owner/repo[:QUANT|:FILE.gguf]` ('' when nothing is)."""
+    repo, _, selector = ref.partition(":")
+    if not _REPO.match(repo):
+        return f"{ref!r} is not owner/repo"
+    # a quant tag as the catalog reads it from file names (Q4_K_M, IQ2_XXS, BF16 ...): the pull selects by it
+    if selector and not selector.lower().endswith(".gguf") and quant_tag(f"x-{selector}.gguf") != selector.upper():
+        return f"{selector!r} is neither a quant tag (Q4_K_M, Q8_0, IQ4_XS, BF16 ...) nor a .gguf file name"
+    return ""
 
 
 def load_table_file(path: Path) -> PairingTable:
