@@ -46,15 +46,10 @@ def rpc_engine(engine: Engine) -> Engine:
 
 
 @pytest.fixture(scope="module")
-def gemma_f32(rpc_engine: Engine, gemma_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The full-precision copy (llama-quantize --allow-requantize IN OUT F32): no quantized matmul
-    whose SIMD path could differ between the local CPU and a worker's."""
-    out = tmp_path_factory.mktemp("f32") / "gemma-3-270m-f32.gguf"
-    tool = rpc_engine.tool("llama-quantize")
-    assert tool is not None
-    subprocess.run([str(tool), "--allow-requantize", str(gemma_gguf), str(out), "F32"], check=True,
-                   capture_output=True, timeout=600)
-    return out
+def gemma_f32(rpc_engine: Engine, gemma_full_precision: Path) -> Path:
+    """The full-precision copy (the shared fixture): no quantized matmul whose SIMD path could differ
+    between the local CPU and a worker's."""
+    return gemma_full_precision
 
 
 class Worker:
