@@ -41,7 +41,7 @@ class LaunchDecision:
                     api_key: str | None = None) -> LaunchSpec:
         return LaunchSpec(model=model, alias=alias, port=port, host=host, ctx=self.ctx,
                           speculator=self.speculator, api_key=api_key, extra_args=self.args,
-                          rpc=self.rpc)
+                          rpc=self.rpc, verbosity=4 if self.rpc else None)  # -lv 4 logs each device's buffers
 
     @property
     def rpc(self) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -46,8 +47,11 @@ def start_worker(rpc_server: Path, logdir: Path) -> tuple[subprocess.Popen, int]
     out = logdir / f"rpc-{port}.log"
     proc = subprocess.Popen(serve_argv(rpc_server, RpcServeOptions(port=port, threads=1)),
                             stdout=open(out, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while "transport" not in out.read_text(errors="replace"):
+    deadline = time.monotonic() + 60
+    while True:  # its stdout is block-buffered into the file: wait for the port instead
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
         if proc.poll() is not None or time.monotonic() > deadline:
             sys.exit(f"rpc-server did not start: {out.read_text()[-500:]}")
         time.sleep(0.1)

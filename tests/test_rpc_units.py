@@ -11,7 +11,7 @@ from bostudio.engine.discover import EngineDevice
 from bostudio.errors import ConfigError
 from bostudio.hardware.device import MIB
 from bostudio.planner.reported import device_buffers
-from bostudio.rpc.probe import WorkerProbe, pool_devices, rpc_arg
+from bostudio.rpc.probe import WorkerProbe, buffer_labels, pool_devices, rpc_arg
 from bostudio.rpc.serve import RpcServeOptions, check_rpc_bind, rpc_unit, serve_argv
 from bostudio.rpc.workers import Worker, parse_workers, select_workers, workers_from_config
 from bostudio.speculation import SpecRequest, parse_spec
@@ -99,8 +99,8 @@ def test_self_draft_spec() -> None:
 LOG = """\
 load_tensors: offloading output layer to GPU
 load_tensors:   CPU_Mapped model buffer size =   900.50 MiB
+load_tensors: RPC0[127.0.0.1:41001] model buffer size =   650.25 MiB
 load_tensors: RPC0[127.0.0.1:41000] model buffer size =    88.00 MiB
-load_tensors: RPC1[127.0.0.1:41001] model buffer size =   650.25 MiB
 llama_context: constructing llama_context
 llama_kv_cache: RPC0[127.0.0.1:41000] KV buffer size =     4.00 MiB
 llama_kv_cache:        CPU KV buffer size =    10.00 MiB
@@ -112,7 +112,10 @@ llama_kv_cache:        CPU KV buffer size =    99.00 MiB
 
 
 def test_device_buffers_are_read_per_device() -> None:
-    got = device_buffers(LOG)
+    """llama.cpp names RPC buffers by the device's index on its server: both workers' are RPC0[...]."""
+    workers = pool_devices((WorkerProbe(Worker("127.0.0.1", 41000), (EngineDevice("RPC0", "x", 1, 1, "rpc"),)),
+                            WorkerProbe(Worker("127.0.0.1", 41001), (EngineDevice("RPC0", "x", 1, 1, "rpc"),))))
+    got = device_buffers(LOG, buffer_labels(workers))
     assert got["RPC0"] == {"weights": 88 * MIB, "KV cache": 4 * MIB}
     assert got["RPC1"] == {"weights": round(650.25 * MIB)}
     assert got["CPU"] == {"weights": round(900.5 * MIB), "KV cache": 12 * MIB}  # the second context is not ours

@@ -110,6 +110,16 @@ def pool_devices(probes: Iterable[WorkerProbe]) -> tuple[Device, ...]:
     return tuple(out)
 
 
+def buffer_labels(devices: Iterable[Device]) -> dict[str, str]:
+    """llama.cpp's RPC buffer names ("RPC<index on its server>[HOST:PORT]") -> the plan's device
+    labels (RPC0, RPC1, ... over all workers)."""
+    out = {}
+    for d in devices:
+        if d.endpoint and " #" in d.name:
+            out[f"RPC{d.name.rsplit(' #', 1)[1]}[{d.endpoint}]"] = d.label
+    return out
+
+
 def rpc_arg(probes: Iterable[WorkerProbe]) -> str:
     """The `--rpc` value for the reachable workers, in the order pool_devices numbered them."""
     return ",".join(p.worker.endpoint for p in probes if p.ok)
