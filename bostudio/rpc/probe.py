@@ -9,6 +9,7 @@ ggml-rpc.cpp rpc_dispatcher::start). A TCP connect first tells "nothing listens"
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 from dataclasses import dataclass
@@ -74,10 +75,13 @@ def probe_worker(server: Path, w: Worker, timeout: float = PROBE_TIMEOUT_S) -> W
             why = f"{server} was built without the RPC backend (rebuild: `bostudio engine build`)"
         elif "version mismatch" in err:
             why = "it runs another RPC protocol version (use the same llama.cpp build on both machines)"
-        elif "handshake failed" in err or "Failed to connect" in err:
+        elif ("handshake failed" in err or "Failed to connect" in err
+              or "malformed response" in err):  # RPC_STATUS_ASSERT during the hello
             why = "it is not an rpc-server (the RPC handshake failed)"
         else:
+            # an abort appends a gdb backtrace: the reason is the first line that says error/failed
             lines = [ln.strip() for ln in err.splitlines() if ln.strip()]
+            lines = [ln for ln in lines if re.search(r"error|fail|abort", ln, re.I)] or lines
             why = f"the engine could not list its devices ({lines[-1][:160] if lines else f'exit {proc.returncode}'})"
         return WorkerProbe(w, problem=f"rpc worker {w.endpoint}: {why}")
     return WorkerProbe(w, devices)
