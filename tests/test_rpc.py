@@ -230,11 +230,12 @@ def split_run(workers: list[Worker], pool_env: dict[str, str], gemma_f32: Path) 
     up = Up(pool_env, str(gemma_f32), "--rpc", ",".join(w.endpoint for w in workers), "--ctx", "4096",
             "--spec", "ngram")
     try:
-        yield {"summary": up.summary, "log": up.log.read_text(errors="replace"), "text": up.greedy(),
+        data = {"summary": up.summary, "log": up.log.read_text(errors="replace"), "text": up.greedy(),
                "spec": up.line("speculation"), "pid": up.proc.pid, "workers": [w.endpoint for w in workers],
                "plan": json.loads(plan.stdout)}
     finally:
-        up.stop()
+        up.stop()  # frees the workers: an rpc-server serves one client at a time
+    yield data
 
 
 def test_up_serves_gemma_split_with_speculation_active(split_run: dict) -> None:
