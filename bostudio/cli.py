@@ -16,6 +16,10 @@ def _print_json(data: object) -> None:
     sys.stdout.write("\n")
 
 
+RPC_HELP = ("RPC workers HOST:PORT[,HOST:PORT...] (machines running `bostudio rpc serve`) whose devices join "
+            "this one's; default: the [[rpc]] tables of config.toml; `none`: no workers")
+
+
 # ---------------------------------------------------------------- engine
 
 def cmd_engine_build(args: argparse.Namespace) -> int:
@@ -45,9 +49,45 @@ def cmd_engine_list(args: argparse.Namespace) -> int:
         print(f"    source: {e.source}  version: {e.version} (build {e.build}, commit {e.commit})")
         print(f"    backends: {', '.join(e.backends) or 'unknown'}  devices: {devs}")
         print(f"    spec types: {', '.join(e.spec_types) or 'none'}")
+        rpc = ("yes, rpc-server: " + str(e.rpc_server)) if e.has_rpc and e.rpc_server else \
+            "yes (no rpc-server beside it)" if e.has_rpc else "no (rebuild with `bostudio engine build`)"
+        print(f"    RPC workers: {rpc}")
         if e.problem:
             print(f"    unusable: {e.problem}")
     print("* = the engine bostudio uses on this machine")
+    return 0
+
+
+# ---------------------------------------------------------------- rpc workers
+
+def _rpc_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from bostudio.rpc.serve import RpcServeOptions
+    from bostudio.rpc.workers import _check_port
+
+    return RpcServeOptions(host=args.host, port=_check_port(args.port, "--port"), devices=args.device,
+                           threads=args.threads, cache=args.cache, allow_network=args.allow_network,
+                           engine=args.engine)
+
+
+def cmd_rpc_serve(args: argparse.Namespace) -> int:
+    from bostudio.rpc.serve import run_rpc_serve
+
+    return run_rpc_serve(_rpc_options(args))
+
+
+def cmd_rpc_install(args: argparse.Namespace) -> int:
+    from bostudio.rpc.serve import install_rpc_unit
+
+    return _report_unit(*install_rpc_unit(_rpc_options(args), write=not args.print), args.print)
+
+
+def _report_unit(path, text: str, how: str, print_only: bool) -> int:  # type: ignore[no-untyped-def]
+    """Print a user unit (--print), or where it was written and how to enable it."""
+    if print_only:
+        sys.stdout.write(text)
+        return 0
+    print(f"wrote {path}")
+    print(f"enable it with: {how}")
     return 0
 
 
@@ -132,6 +172,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
     devices, problems, engine = _local_devices(args.engine)
     server = engine.path if engine else None
+    pool_devices, pool_problems = _pool(args.engine, args.rpc)
+    devices, problems = devices + pool_devices, problems + pool_problems
     if args.json:
         _print_json({"devices": [d.to_json() for d in devices], "problems": list(problems),
                      "engine": str(server) if server else None})
@@ -139,7 +181,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
     for d in devices:
         free = _size(d.free_bytes).strip() if d.free_bytes is not None else "unknown"
         bw = f"{d.bandwidth_gbs:.0f} GB/s" if d.bandwidth_gbs else "unknown"
-        print(f"{d.label:<10} {d.vendor:<7} {d.backend:<7} {d.name}")
+        print(f"{d.label:<10} {d.vendor:<7} {d.backend:<7} {d.name}"
+              + (f"  (worker {d.endpoint}" + (f", budget {_size(d.budget_bytes).strip()})" if d.budget_bytes
+                                               else ")") if d.endpoint else ""))
         print(f"           total {_size(d.total_bytes).strip()}, free {free}, "
               f"{'unified' if d.unified else 'dedicated'}, driver {d.driver or 'unknown'}, "
               f"bandwidth {bw}  (from {d.source})")
@@ -148,6 +192,19 @@ def cmd_devices(args: argparse.Namespace) -> int:
     if server is None:
         print("note: no usable llama-server to cross-check with (--engine PATH or LLAMA_SERVER)")
     return 0
+
+
+def _pool(engine_path: str | None, rpc: str | None):  # type: ignore[no-untyped-def]
+    """(devices, problems) of the RPC workers named by --rpc or config.toml, probed through the engine."""
+    from bostudio.engine.discover import find_engine
+    from bostudio.rpc.probe import discover_pool
+    from bostudio.rpc.workers import select_workers, workers_from_config
+
+    workers = select_workers(rpc, workers_from_config())
+    if not workers:
+        return (), ()
+    pool = discover_pool(find_engine(engine_path), workers)
+    return pool.devices, tuple(f"{p}; planned without it" for p in pool.problems)
 
 
 def _resolve_model(name: str):  # type: ignore[no-untyped-def]
@@ -168,17 +225,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from bostudio.planner import Intent, plan
     from bostudio.planner.memory import GIB, cache_type
     from bostudio.planner.render import plan_json, render_plan
-    from bostudio.speculation import parse_spec
+    from bostudio.pairing.pair import self_draft_info
+    from bostudio.speculation import DRAFT_N_MAX, Speculator, parse_spec
 
     model = _resolve_model(args.model)
     cache_type(args.cache_type)
     cache_type(args.draft_cache_type)
+    problems: tuple[str, ...] = ()
     if args.devices_file:
+        if args.rpc:
+            raise ConfigError("--rpc and --devices-file do not go together",
+                              "list the workers' devices in the file (\"backend\": \"rpc\", \"endpoint\": ...)")
         devices = load_devices_file(Path(args.devices_file))
         engine = find_engine(args.engine)  # its spec types decide what can be paired
     else:
         devices, _problems, engine = _local_devices(args.engine)
         engine = engine or find_engine(args.engine)  # raises with what to do when there is none
+        pool_devices, problems = _pool(args.engine, args.rpc)
+        devices += pool_devices
     if args.device:
         wanted = {w.strip() for w in args.device.split(",") if w.strip()}
         picked = tuple(d for d in devices if not d.is_gpu or d.label in wanted or d.name in wanted)
@@ -188,12 +252,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
                               f"devices: {', '.join(d.label for d in devices)}")
         devices = picked
     req = parse_spec(args.spec)
-    if req.draft is not None and not req.draft.is_file():
-        req = parse_spec(f"draft:{_resolve_model(str(req.draft)).path}")  # a catalog name for the draft
-    # One choice everywhere: the pairing tables, auto-detection and the compatibility check, exactly
-    # as `up`, `pair` and the daemon choose (launch.decide_launch uses the same context).
-    speculator = choose(model, req, engine, args.ctx or model.n_ctx_train, devices=devices)[0].speculator
-    draft = describe(speculator.draft) if speculator.draft is not None else None
+    if req.mode == "self-draft":
+        # Planned before the low-bit copy exists: `up --spec self-draft:QUANT` makes it.
+        assert req.quant is not None
+        draft = self_draft_info(model, req.quant)
+        speculator = Speculator("draft", ("draft-simple",), draft=draft.path, n_max=DRAFT_N_MAX,
+                                reason=f"self-draft: a {req.quant} copy of the target drafts for it")
+    else:
+        if req.draft is not None and not req.draft.is_file():
+            req = parse_spec(f"draft:{_resolve_model(str(req.draft)).path}")  # a catalog name for the draft
+        # One choice everywhere: the pairing tables, auto-detection and the compatibility check, exactly
+        # as `up`, `pair` and the daemon choose (launch.decide_launch uses the same context).
+        speculator = choose(model, req, engine, args.ctx or model.n_ctx_train, devices=devices)[0].speculator
+        draft = describe(speculator.draft) if speculator.draft is not None else None
     spec_mode = "off" if req.mode == "off" else args.spec_mode
     intent = Intent(ctx=args.ctx, min_ctx=args.min_ctx, speculation=spec_mode,
                     cache_type_k=args.cache_type, cache_type_v=args.cache_type,
@@ -201,6 +272,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     n_parallel=args.parallel, reserve=int(args.reserve_gib * GIB),
                     prompt_cache=args.prompt_cache, swa_full=args.prompt_cache)
     p = plan(model, devices, intent, speculator, draft)
+    for problem in problems:
+        print(f"note: {problem}", file=sys.stderr)
     if args.json:
         _print_json(dict(plan_json(p), speculation=speculator.label, reason=speculator.reason,
                          draft=str(speculator.draft) if speculator.draft else None))
@@ -219,7 +292,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         return cmd_up_daemon(args)
     return run_up(UpOptions(model=args.model, ctx=args.ctx, cache_type=args.cache_type, spec=args.spec,
                             port=args.port or 8080, host=args.host, engine=args.engine, pull=args.pull,
-                            workload=args.workload))
+                            workload=args.workload, rpc=args.rpc))
 
 
 # ---------------------------------------------------------------- pair
@@ -305,6 +378,7 @@ def cmd_up_daemon(args: argparse.Namespace) -> int:
     from bostudio.daemon.service import DaemonOptions, start_background
 
     extra = ["--engine", args.engine] if args.engine else []
+    extra += ["--rpc", args.rpc] if args.rpc else []
     rec = start_background(DaemonOptions(host=args.host, port=args.port or DEFAULT_PORT), extra)
     model = args.model or "gemma-3-270m-q4_k_m"
     if Path(model).expanduser().is_file():
@@ -332,6 +406,7 @@ def _daemon_options(args: argparse.Namespace):
     from bostudio.daemon.supervisor import SupervisorOptions
 
     from bostudio.pairing.fetch import resolve_pull_policy
+    from bostudio.rpc.workers import select_workers, workers_from_config
 
     pull = resolve_pull_policy(args.pull, interactive=False)
     sup = SupervisorOptions(engine=args.engine, memory_budget=int(args.memory_budget * (1 << 20)),
@@ -340,7 +415,8 @@ def _daemon_options(args: argparse.Namespace):
                             prompt_reuse=not args.no_prompt_reuse, prompt_store_dir=args.prompt_store_dir,
                             prompt_store_bytes=int(args.prompt_store_mib * (1 << 20)),
                             max_body=int(args.max_body_mib * (1 << 20)),
-                            pull="never" if pull == "ask" else pull)
+                            pull="never" if pull == "ask" else pull,
+                            workers=select_workers(args.rpc, workers_from_config()))
     return DaemonOptions(host=args.host, port=args.port, require_token=args.require_token,
                          allow_hosts=tuple(args.allow_host), supervisor=sup)
 
@@ -355,6 +431,7 @@ def _daemon_args(args: argparse.Namespace) -> list[str]:
     out += ["--prompt-store-dir", args.prompt_store_dir] if args.prompt_store_dir else []
     out += ["--engine", args.engine] if args.engine else []
     out += ["--pull", args.pull] if args.pull else []
+    out += ["--rpc", args.rpc] if args.rpc else []
     out += ["--require-token"] if args.require_token else []
     for h in args.allow_host:
         out += ["--allow-host", h]
@@ -424,13 +501,7 @@ def cmd_daemon_install(args: argparse.Namespace) -> int:
     platform = args.platform
     if platform == "auto":
         platform = "macos" if sys.platform == "darwin" else "linux"
-    path, text, how = install_unit(platform, args.host, args.port, write=not args.print)
-    if args.print:
-        sys.stdout.write(text)
-        return 0
-    print(f"wrote {path}")
-    print(f"enable it with: {how}")
-    return 0
+    return _report_unit(*install_unit(platform, args.host, args.port, write=not args.print), args.print)
 
 
 def cmd_daemon_token(args: argparse.Namespace) -> int:
@@ -525,8 +596,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-type", default="f16", metavar="T",
                    help="KV cache type: f16 (default), bf16, q8_0, q4_0, ... (quantized V turns flash attention on)")
     p.add_argument("--spec", default="auto", metavar="MODE",
-                   help="auto | off | ngram | draft:PATH | mtp (default auto: what pays on this "
-                        "machine; n-gram speculation on a CPU, the model's MTP head when it has one)")
+                   help="auto | off | ngram | draft:PATH | mtp | self-draft:QUANT (default auto: what pays on "
+                        "this machine; n-gram speculation on a CPU, the model's MTP head when it has one; "
+                        "self-draft:Q2_K drafts with a low-bit copy of MODEL kept whole on the fastest device)")
     p.add_argument("--port", type=int, default=None, metavar="P",
                    help="port to listen on (default 8080; with --daemon the daemon's port, default 8642)")
     p.add_argument("--host", default="127.0.0.1", metavar="H",
@@ -538,6 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "terminal: shows its size, memory and why, then asks), always, never (default headless); "
                         "or [pull] policy in config.toml. A declined or failed pull falls back to the next "
                         "candidate")
+    p.add_argument("--rpc", default=None, metavar="HOST:PORT,...", help=RPC_HELP)
     p.add_argument("--daemon", action="store_true",
                    help="load MODEL in the bostudio daemon (started in the background if none runs), print "
                         "the summary and return; the model keeps serving on the daemon's one endpoint")
@@ -581,6 +654,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON (usable as plan --devices-file)")
     p.add_argument("--engine", default=None, metavar="PATH",
                    help="llama-server to cross-check with (default: LLAMA_SERVER or the chosen engine)")
+    p.add_argument("--rpc", default=None, metavar="HOST:PORT,...", help=RPC_HELP + "; each probed through the "
+                   "engine (`llama-server --rpc W --list-devices`)")
     p.set_defaults(func=cmd_devices)
 
     p = sub.add_parser("plan", help="plan memory: context, offload, and the draft-vs-context trade-off",
@@ -599,8 +674,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-cache-type", default="f16", metavar="TYPE",
                    help="the draft's KV cache type for -ctkd/-ctvd (default f16, llama.cpp's default)")
     p.add_argument("--spec", default="auto", metavar="SPEC",
-                   help="auto | off | ngram | mtp | draft:PATH (default auto: chosen as `up`, `pair` and the "
-                        "daemon choose: pairing tables, auto-detection, compatibility check)")
+                   help="auto | off | ngram | mtp | draft:PATH | self-draft:QUANT (default auto: chosen as `up`, "
+                        "`pair` and the daemon choose: pairing tables, auto-detection, compatibility check; "
+                        "self-draft plans MODEL's own low-bit copy as the draft, whole on the fastest device, "
+                        "without making it)")
     p.add_argument("--spec-mode", choices=("auto", "on", "off"), default="auto",
                    help="auto: keep the speculator only if the minimum context still fits (default); "
                         "on: keep it or fail; off: plan without it")
@@ -618,6 +695,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "\"total_gib\": 24}, {\"vendor\": \"cpu\", \"backend\": \"cpu\", \"name\": \"host\", "
                         "\"total_gib\": 64}])")
     p.add_argument("--engine", default=None, metavar="PATH", help="llama-server for the device cross-check")
+    p.add_argument("--rpc", default=None, metavar="HOST:PORT,...", help=RPC_HELP + " (not with --devices-file, "
+                   "which lists RPC devices itself: \"backend\": \"rpc\")")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_plan)
 
@@ -660,6 +739,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="require the token even on loopback (always required on other addresses)")
     common.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                         help="also accept this Host header name (e.g. the machine's DNS name); repeatable")
+    common.add_argument("--rpc", default=None, metavar="HOST:PORT,...",
+                        help=RPC_HELP + "; a child that loses a worker is relaunched without it if it still fits")
     p = sub.add_parser("daemon", parents=[common], help="run the daemon: one OpenAI endpoint for every model",
                        description="Run the bostudio daemon in the foreground: one OpenAI-compatible endpoint "
                                    "(/v1) that loads models on demand, routes by `model`, supervises the "
@@ -707,6 +788,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"port for a daemon it starts (default {DEFAULT_PORT}); a running daemon is used as it is")
     p.add_argument("--engine", default=None, metavar="PATH", help="llama-server for a daemon it starts")
     p.set_defaults(func=cmd_tui)
+    p = sub.add_parser("rpc", help="share this machine's devices with another machine's llama-server (RPC)",
+                       description="Run ggml's rpc-server (built with the engine) so that `bostudio up/plan/"
+                                   "daemon --rpc HOST:PORT` on another machine can put layers on this "
+                                   "machine's devices. The RPC protocol has no authentication and no "
+                                   "encryption: it binds 127.0.0.1 unless --allow-network is given.")
+    rsub = p.add_subparsers(dest="rpc_command", metavar="ACTION", required=True)
+    rpc_common = argparse.ArgumentParser(add_help=False)
+    rpc_common.add_argument("--host", default="127.0.0.1", metavar="H",
+                            help="address to bind (default 127.0.0.1; any other needs --allow-network)")
+    rpc_common.add_argument("--port", default=50052, metavar="P", help="port (default 50052)")
+    rpc_common.add_argument("--device", default=None, metavar="NAMES",
+                            help="only these devices, comma-separated as `engine list` names them (default: all)")
+    rpc_common.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads for the CPU device")
+    rpc_common.add_argument("--cache", action="store_true",
+                            help="keep received tensors in a local file cache (faster reloads of the same model)")
+    rpc_common.add_argument("--allow-network", action="store_true",
+                            help="allow a non-loopback --host: anyone who reaches the port can use this "
+                                 "machine; use a trusted LAN or an SSH tunnel")
+    rpc_common.add_argument("--engine", default=None, metavar="PATH",
+                            help="llama-server whose ggml-rpc-server to run (default: the chosen engine)")
+    r = rsub.add_parser("serve", parents=[rpc_common], help="run rpc-server in the foreground",
+                        description="Run ggml-rpc-server until Ctrl-C / SIGTERM. This build's rpc-server has "
+                                    "no memory cap: give the main machine a budget with [[rpc]] budget_mib.")
+    r.set_defaults(func=cmd_rpc_serve)
+    r = rsub.add_parser("install", parents=[rpc_common], help="write a systemd user unit that runs rpc serve",
+                        description="Write ~/.config/systemd/user/bostudio-rpc.service running `bostudio rpc "
+                                    "serve` with these options at login.")
+    r.add_argument("--print", action="store_true", help="print the unit instead of writing it")
+    r.set_defaults(func=cmd_rpc_install)
 
     p = sub.add_parser("ps", help="list the models the daemon runs, with live stats",
                        description="List the daemon's instances: state, pid, port, speculation, decode tok/s, "
@@ -727,7 +837,7 @@ def build_parser() -> argparse.ArgumentParser:
     from bostudio.engine.build import BACKENDS
 
     b = esub.add_parser("build", help="build llama-server for a backend (cached)",
-                        description="Build llama-server, llama-quantize and llama-fit-params from the "
+                        description="Build llama-server, llama-quantize, llama-fit-params and ggml-rpc-server (RPC backend) from the "
                                     "llama.cpp source vendored in the pinned llama-cpp-python sdist. "
                                     "Cached under the XDG cache dir by commit, backend and flags: a "
                                     "second run returns at once.")

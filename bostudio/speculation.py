@@ -11,13 +11,14 @@ from pathlib import Path
 
 from bostudio.errors import ConfigError, EngineError
 
-MODES = ("auto", "off", "ngram", "draft:PATH", "mtp")
+MODES = ("auto", "off", "ngram", "draft:PATH", "mtp", "self-draft:QUANT")
 
 
 @dataclass(frozen=True)
 class SpecRequest:
-    mode: str  # auto | off | ngram | draft | mtp
+    mode: str  # auto | off | ngram | draft | mtp | self-draft
     draft: Path | None = None
+    quant: str | None = None  # self-draft: the low-bit type of the target's own copy (Q2_K ...)
 
 
 # llama.cpp instantiates (and tries) implementations in this fixed order whatever the command line says
@@ -75,6 +76,15 @@ def parse_spec(value: str) -> SpecRequest:
         return SpecRequest("off")
     if v.startswith("draft:") and len(v) > len("draft:"):
         return SpecRequest("draft", Path(v[len("draft:"):]).expanduser())
+    if v.startswith("self-draft:") and len(v) > len("self-draft:"):
+        quant = v[len("self-draft:"):]
+        if not quant.replace("_", "").isalnum():
+            raise ConfigError(f"--spec {value!r}: {quant!r} is not a quantization type",
+                              "write --spec self-draft:Q2_K (a type llama-quantize knows)")
+        return SpecRequest("self-draft", quant=quant.upper())
+    if v in ("self-draft", "self-draft:"):
+        raise ConfigError("--spec self-draft needs the low-bit type of the copy",
+                          "write --spec self-draft:Q2_K")
     if v == "draft" or v == "draft:":
         raise ConfigError("--spec draft needs the draft model's path",
                           "write --spec draft:PATH, e.g. --spec draft:models/small.gguf")

@@ -22,6 +22,9 @@ from bostudio.gguf import describe
 from bostudio.launch import decide_launch
 from bostudio.pairing.fetch import interactive_ask, resolve_pull_policy
 from bostudio.planner import Plan
+from bostudio.planner.pool import placement_lines
+from bostudio.rpc.probe import Pool, discover_pool
+from bostudio.rpc.workers import Worker, select_workers, workers_from_config
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import ServerProcess, tail
 from bostudio.speculation import Speculator, parse_spec
@@ -42,6 +45,7 @@ class UpOptions:
     engine: str | None = None
     workload: str | None = None  # the tuned profile to use in auto mode; None: config.toml's, else "code"
     pull: str | None = None  # ask | always | never; None: config.toml [pull], else ask on a terminal, never headless
+    rpc: str | None = None  # --rpc HOST:PORT,...; None: config.toml's [[rpc]] workers; "none": no workers
 
 
 @dataclass(frozen=True)
@@ -126,14 +130,27 @@ def prepare_launch(opts: UpOptions, note=print) -> Prepared:  # type: ignore[no-
     model = resolve_model(opts.model, log=note)
     info = describe(model)  # raises GGUFFormatError for truncated or crafted files
     check_port_free(opts.host, opts.port)
+    workers = select_workers(opts.rpc, workers_from_config())  # a malformed --rpc fails before any probe
     engine = find_engine(opts.engine)
     workload = opts.workload or default_workload(model_name(model))
+    pool = worker_pool(engine, workers, note)
     policy = resolve_pull_policy(opts.pull)
     decision = decide_launch(info, request, engine, ctx=opts.ctx, cache_type=opts.cache_type, pull=policy,
                              ask=interactive_ask() if policy == "ask" else None, log=note,
-                             workload=workload)
+                             workload=workload, pool=pool)
     launch = decision.launch_spec(model, model_name(model), opts.port, opts.host)
     return Prepared(engine, launch, decision.plan, build_argv(engine.path, engine.flags, launch))
+
+
+def worker_pool(engine: Engine, workers: tuple[Worker, ...], note=print) -> Pool:  # type: ignore[no-untyped-def]
+    """`workers` probed through `engine`; a worker that cannot be used is one line through `note`,
+    and the launch goes on without it."""
+    if not workers:
+        return Pool()
+    pool = discover_pool(engine, workers)
+    for problem in pool.problems:
+        note(f"{problem}; going on without it")
+    return pool
 
 
 def run_up(opts: UpOptions, out=sys.stdout) -> int:
@@ -163,6 +180,11 @@ def run_up(opts: UpOptions, out=sys.stdout) -> int:
         say(f"  speculation     : {speculator.label} - {status.detail}")
         say(f"  why             : {speculator.reason}")
         say(f"  memory plan     : {plan.chosen.n_ctx} tokens of context; {plan.why}")
+        if prep.launch.rpc or plan.chosen.split or plan.chosen.draft_device:
+            if prep.launch.rpc:
+                say(f"  rpc workers     : {prep.launch.rpc}")
+            for line in placement_lines(plan):
+                say(f"  placement       : {line}")
         say(f"  engine          : {engine.path} ({engine.version}, commit {engine.commit}, {devices})")
         say(f"  log             : {log_path}")
         say("Press Ctrl-C to stop.")

@@ -226,7 +226,6 @@ def register(app: FastAPI, sup: Supervisor, router: Router) -> None:
                                             f"{mi.architecture}.block_count": mi.n_block}})
 
     async def generate_like(request: Request, chat: bool) -> Response:
-        route = "/api/chat" if chat else "/api/generate"
         started = time.monotonic()
         try:
             _, body = await router.read_json(request, "ollama")

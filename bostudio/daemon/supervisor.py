@@ -37,6 +37,8 @@ from bostudio.pairing.fetch import choose_and_fetch
 from bostudio.planner import Intent, Plan, plan, plan_for_launch
 from bostudio.planner.memory import cache_type as cache_type_of
 from bostudio.planner.fit import PROMPT_CACHE
+from bostudio.rpc.probe import Pool, discover_pool
+from bostudio.rpc.workers import Worker
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import (CrashHistory, LoadWatch, ServerProcess, classify_failure, listening_pid_ok,
                                       log_size, tail)
@@ -71,6 +73,7 @@ class SupervisorOptions:
     prompt_store_bytes: int = 4 << 30  # disk cap of saved slot states (LRU)
     max_body: int = 64 << 20  # request bodies above this are refused (413)
     pull: str = "never"  # hub drafters: always | never (no one answers an `ask` in a daemon)
+    workers: tuple[Worker, ...] = ()  # RPC workers (--rpc or config.toml [[rpc]]) every child may use
 
 
 @dataclass
@@ -98,8 +101,9 @@ class ModelConfig:
 
 def _speculator_for(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int,  # type: ignore[no-untyped-def]
                     pull: str = "never", workload: str | None = None, fallback: str | None = None,
-                    generates: bool = True):
-    devices = discover_devices(engine_devices=engine.devices).devices
+                    generates: bool = True, pool: Pool = Pool()):
+    # This machine's devices and the RPC workers of `pool` (bostudio.rpc.probe.discover_pool).
+    devices = discover_devices(engine_devices=engine.devices).devices + pool.devices
     # Embedding and rerank models generate nothing, so they get no speculator.
     request = parse_spec(("auto" if spec_mode == "on" else spec_mode) if generates else "off")
     if fallback is not None and generates:
@@ -113,30 +117,35 @@ def _speculator_for(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int,  
 
 def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, cache_type: str = "f16",
                pull: str = "never", workload: str | None = None, fallback: str | None = None,
-               prompt_reuse: bool = False, caps: ModelCaps | None = None) -> Plan:
+               prompt_reuse: bool = False, caps: ModelCaps | None = None, pool: Pool = Pool()) -> Plan:
     """The speculator (a tuned profile for `workload`, else the pairing table, auto-detection and
     compatibility check, as for `bostudio up`, a hub drafter fetched as `pull` allows) and the planner's view
     of the child as the daemon runs it (llama-server's defaults: 4 slots sharing one KV pool): `chosen.total`
     decides what gets evicted. `fallback` (why auto gave up on the speculator) runs the profile's next-best
     kind, else none. With prompt reuse it plans a host prompt cache and full SWA caches; embedding and
-    rerank models (`caps`) get no speculator. Raises PlanError if it cannot fit."""
+    rerank models (`caps`) get no speculator. RPC workers in `pool` add their devices. Raises PlanError if it
+    cannot fit."""
     generates = caps is None or caps.kind == "chat"
-    devices, speculator, draft = _speculator_for(info, spec_mode, engine, ctx, pull, workload, fallback, generates)
+    devices, speculator, draft = _speculator_for(info, spec_mode, engine, ctx, pull, workload, fallback, generates,
+                                                 pool)
     return plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft,
                            speculation="off" if speculator.kind == "none" else "on", cache_type=cache_type,
                            prompt_cache=prompt_reuse and generates)
 
 
 def child_argv(engine: Engine, cfg: "ModelConfig", planned: Plan, caps: ModelCaps, port: int,
-               slot_dir: Path | None) -> list[str]:
+               slot_dir: Path | None, pool: Pool = Pool()) -> list[str]:
     """The child's llama-server argv: the plan's speculator, its cache type, the flags its kind needs
-    (embeddings, reranking), and with prompt reuse the planned --cache-ram, --swa-full and
-    --slot-save-path."""
+    (embeddings, reranking), with prompt reuse the planned --cache-ram, --swa-full and --slot-save-path,
+    and with RPC workers --rpc and the plan's placement."""
     extra = list(cache_type_args(cfg.cache_type)) + list(caps.launch_args()) + planned.prompt_cache_args()
     if slot_dir is not None and planned.intent.prompt_cache:
         extra += ["--slot-save-path", str(slot_dir)]
+    if pool.devices:
+        extra += placement_args(planned)
     spec = LaunchSpec(model=cfg.path, alias=cfg.name, port=port, host="127.0.0.1", ctx=cfg.ctx,
-                      speculator=planned.chosen.speculator, extra_args=tuple(extra))
+                      speculator=planned.chosen.speculator, rpc=pool.rpc if pool.devices else None,
+                      extra_args=tuple(extra))
     return build_argv(engine.path, engine.flags, spec)
 
 
@@ -175,6 +184,35 @@ def fallback_speculator(info: ModelInfo, engine: Engine, workload: str | None, w
         return speculator_from_json(nxt.speculator, f"auto: {why}; the next-best profile entry {nxt.label} "
                                                     f"({nxt.speedup:.2f}x of off when tuned)")
     return Speculator("none", reason=f"auto: {why}; without speculation until the workload changes")
+
+
+class WorkerLostError(PlanError):
+    """The model no longer fits once an RPC worker it used has died."""
+
+
+def placement_args(p: Plan) -> tuple[str, ...]:
+    """The plan's placement flags (offload, device split, draft device) for a child that uses RPC
+    workers; a local child keeps llama-server's own defaults, as the daemon always ran it."""
+    args = p.llama_args()
+    out: list[str] = []
+    for flag in ("-ngl", "-dev", "-ts", "-ngld", "-devd"):
+        if flag in args:
+            out += [flag, args[args.index(flag) + 1]]
+    return tuple(out)
+
+
+def unreachable_workers(workers: list[Worker], timeout: float = 2.0) -> list[Worker]:
+    """The workers nothing listens for any more (a TCP connect; the handshake would block a live one)."""
+    import socket
+
+    dead = []
+    for w in workers:
+        try:
+            with socket.create_connection((w.host, w.port), timeout=timeout):
+                pass
+        except OSError:
+            dead.append(w)
+    return dead
 
 
 def free_loopback_port() -> int:
@@ -216,6 +254,8 @@ class Instance:
     failed_at: float | None = None  # wall time the model was marked failed
     state_key: StateKey | None = None  # what this child's saved slot states are valid for
     prompts: dict = field(default_factory=dict)  # restored/saved slot states, for ps
+    pool: Pool = field(default_factory=Pool)  # the RPC workers of the running child
+    lost_workers: tuple[str, ...] = ()  # workers that died under this model: later launches go without them
 
     @property
     def name(self) -> str:
@@ -244,6 +284,8 @@ class Instance:
             "break_even_source": self.break_even_source,
             "auto_off": ({"workload": self.cfg.auto_off, "reason": self.cfg.auto_off_reason}
                          if self.cfg.auto_off else None),
+            "rpc": {"workers": self.pool.rpc, "lost": list(self.lost_workers),
+                    "problems": list(self.pool.problems)} if self.pool.probes or self.lost_workers else None,
         }
 
     def retry_json(self) -> dict | None:
@@ -488,6 +530,10 @@ class Supervisor:
                 await self._launch_once(inst)
             except asyncio.CancelledError:
                 raise
+            except WorkerLostError as exc:
+                await self._stop_process(inst)
+                self._fail(inst, exc)
+                return
             except OutOfMemoryError as exc:
                 # Restarting would run out of memory again: report it with the plan that caused it.
                 await self._stop_process(inst)
@@ -518,10 +564,35 @@ class Supervisor:
             code = await self._wait_exit(inst)
             if inst.stopping:
                 return
+            if await self._lost_worker(inst, code):
+                continue  # relaunch at once, without the dead worker
             lines = tail(inst.log_path, 5)
             if self._crashed(inst, f"llama-server exited with code {code}: " + (lines[-1] if lines else "")):
                 return
             await self._backoff(inst)
+
+    async def _lost_worker(self, inst: Instance, code: int | None) -> bool:
+        """After the child died: if an RPC worker it used no longer answers, mark the model failed
+        with that reason, drop the worker, and (True) let the lifecycle relaunch without it. The dead
+        child's process group is gone before the relaunch (no orphan). A relaunch that no longer
+        fits fails with PlanError, which _fail reports."""
+        if not inst.pool.probes:
+            return False
+        dead = await asyncio.to_thread(unreachable_workers, [p.worker for p in inst.pool.probes if p.ok])
+        if not dead:
+            return False
+        await self._stop_process(inst)
+        inst.lost_workers += tuple(w.endpoint for w in dead)
+        why = (f"rpc worker {', '.join(w.endpoint for w in dead)} stopped answering; llama-server exited "
+               f"with code {code}")
+        inst.error = {"message": why, "hint": "relaunching without it if the model still fits",
+                      "type": "WorkerLost", "log_tail": tail(inst.log_path, 20), "plan": inst.plan}
+        self._set_state(inst, FAILED, error=inst.error, reason=why)
+        if inst.ready is None or inst.ready.done():
+            inst.ready = asyncio.get_running_loop().create_future()
+            inst.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._set_state(inst, LOADING, reason=f"relaunching without {', '.join(w.endpoint for w in dead)}")
+        return True
 
     def _crashed(self, inst: Instance, why: str) -> bool:
         """Count a crash; after too many in the window mark the model failed. True when failed."""
@@ -549,9 +620,20 @@ class Supervisor:
         info = await asyncio.to_thread(describe, cfg.path)
         caps = await asyncio.to_thread(model_caps, cfg.path)
         workload = await asyncio.to_thread(cfg.resolved_workload)
-        planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx, cfg.cache_type,
-                                          self.opts.pull, workload, cfg.fallback(workload),
-                                          self.slot_store is not None, caps)
+        workers = tuple(w for w in self.opts.workers if w.endpoint not in inst.lost_workers)
+        inst.pool = await asyncio.to_thread(discover_pool, engine, workers) if workers else Pool()
+        for problem in inst.pool.problems:
+            log.warning("%s: %s; planning without it", cfg.name, problem)
+        try:
+            planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx, cfg.cache_type,
+                                              self.opts.pull, workload, cfg.fallback(workload),
+                                              self.slot_store is not None, caps, inst.pool)
+        except PlanError as exc:
+            if inst.lost_workers:  # it fitted with the worker that died: say so; retrying cannot help
+                raise WorkerLostError(f"{cfg.name} does not fit without the lost rpc worker(s) "
+                                      f"{', '.join(inst.lost_workers)}: {exc.message}",
+                                      "restart the worker's `bostudio rpc serve`, then restart the model") from exc
+            raise
         speculator = planned.chosen.speculator
         inst.break_even, inst.break_even_source = await asyncio.to_thread(
             predicted_break_even, cfg.path, engine, workload)
@@ -573,7 +655,7 @@ class Supervisor:
         inst.port = cfg.port or free_loopback_port()
         inst.api_key = secrets.token_urlsafe(32)
         argv = child_argv(engine, cfg, planned, caps, inst.port,
-                          self.slot_store.ensure() if reuse and self.slot_store is not None else None)
+                          self.slot_store.ensure() if reuse and self.slot_store is not None else None, inst.pool)
         # The key goes through the environment, not argv (which every local user can read).
         env = {**os.environ, "LLAMA_API_KEY": inst.api_key}
         inst.proc = ServerProcess(argv, inst.port, inst.log_path, api_key=inst.api_key, env=env)

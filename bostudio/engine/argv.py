@@ -22,11 +22,13 @@ class LaunchSpec:
     metrics: bool = True
     verbosity: int | None = None  # -lv; 4 shows memory sizes and spec statistics
     extra_args: tuple[str, ...] = ()  # planner-chosen args (-ngl, -ctk, ...), checked like the rest
+    rpc: str | None = None  # RPC workers, HOST:PORT,... (their devices are RPC0.. in -dev/-ts/-devd)
 
 
 def build_argv(server: Path, flags: frozenset[str], spec: LaunchSpec) -> list[str]:
     """The argv for `spec`. Raises EngineError when the binary lacks an option the spec needs."""
-    argv = [str(server), "-m", str(spec.model), "--alias", spec.alias,
+    # --rpc first: it registers the RPC devices that -dev and -devd name later in the argv
+    argv = [str(server), *(["--rpc", spec.rpc] if spec.rpc else []), "-m", str(spec.model), "--alias", spec.alias,
             "--host", spec.host, "--port", str(spec.port), "-c", str(spec.ctx)]
     if spec.n_parallel is not None:
         argv += ["-np", str(spec.n_parallel)]

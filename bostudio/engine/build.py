@@ -1,4 +1,4 @@
-"""Build llama-server (and llama-quantize, llama-fit-params) from the pinned llama.cpp source.
+"""Build llama-server (and llama-quantize, llama-fit-params, rpc-server) from the pinned llama.cpp source.
 
 One CMake build per (llama.cpp commit, backend, flags), cached under the XDG cache dir. It builds
 shared libraries too, so the Python bindings load the engine's libllama (LLAMA_CPP_LIB_PATH)
@@ -39,6 +39,7 @@ BASE_FLAGS = (
     "-DLLAMA_USE_PREBUILT_UI=OFF",  # would fetch UI assets from a hub at build time
     "-DLLAMA_OPENSSL=OFF",
     "-DGGML_CCACHE=OFF",
+    "-DGGML_RPC=ON",  # the RPC backend: llama-server --rpc, and rpc-server for worker machines
 )
 
 # The portable variant: ggml's default instruction set for the architecture (on x86-64: SSE4.2, AVX, AVX2,
@@ -47,9 +48,10 @@ BASE_FLAGS = (
 PORTABLE_FLAGS = ("-DGGML_NATIVE=OFF",)
 PORTABLE_ENV = "BOSTUDIO_ENGINE_PORTABLE"
 
-TARGETS = ("llama-server", "llama-quantize", "llama-fit-params", "test-llama-archs")
+TARGETS = ("llama-server", "llama-quantize", "llama-fit-params", "test-llama-archs", "ggml-rpc-server")
 
 MANIFEST = "engine.json"
+RPC_SERVER = "ggml-rpc-server"  # tools/rpc: exposes this machine's devices to another's llama-server --rpc
 
 # Where toolkits install off PATH.
 ROCM_DIRS: tuple[str, ...] = ("/opt/rocm/bin",)
@@ -187,6 +189,11 @@ class BuiltEngine:
     def tool(self, name: str) -> Path:
         return self.bin_dir / name
 
+    @property
+    def has_rpc(self) -> bool:
+        """Built with the RPC backend (GGML_RPC=ON): its ggml-rpc-server is there."""
+        return self.tool(RPC_SERVER).exists()
+
 
 def read_manifest(engine_dir: Path) -> BuiltEngine | None:
     try:
@@ -320,7 +327,7 @@ def build_engine(backend: str = "cpu", jobs: int | None = None, source: LlamaSou
                              f"see the full log: {log_path}")
     seconds = time.monotonic() - started
     manifest = {"key": key, "backend": backend, "commit": src.commit, "version": src.version,
-                "flags": flags, "build_seconds": round(seconds, 1), "source": str(src.root)}
+                "flags": flags, "base_flags": list(BASE_FLAGS), "build_seconds": round(seconds, 1), "source": str(src.root)}
     tmp = engine_dir / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2))
     tmp.replace(engine_dir / MANIFEST)

@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bostudio.engine.build import built_engines, is_current_default
+from bostudio.engine.build import RPC_SERVER, built_engines, is_current_default
 from bostudio.errors import EngineError
 
 PROBE_TIMEOUT_S = 20.0
@@ -68,10 +68,28 @@ class Engine:
         cand = self.path.parent / name
         return cand if cand.exists() else None
 
+    @property
+    def rpc_server(self) -> Path | None:
+        """The build's ggml-rpc-server (serves this machine's devices to another llama-server)."""
+        return self.tool(RPC_SERVER)
+
+    @property
+    def has_rpc(self) -> bool:
+        """Can use RPC workers (`--rpc`): built with GGML_RPC=ON."""
+        return "--rpc" in self.flags and "rpc" in self.backends
+
+    def require_rpc(self) -> None:
+        if not self.has_rpc:
+            raise EngineError(f"{self.path} was built without the RPC backend, so it cannot use RPC workers",
+                              "build the engine with `bostudio engine build` (it adds GGML_RPC=ON), "
+                              "or pass an --engine built with -DGGML_RPC=ON")
+
     def to_json(self) -> dict:
         data = asdict(self)
         data["path"] = str(self.path)
         data["flags"] = sorted(self.flags)
+        data["rpc"] = self.has_rpc
+        data["rpc_server"] = str(self.rpc_server) if self.rpc_server else None
         return data
 
 
@@ -191,13 +209,15 @@ _SOURCE_RANK = {"env": 3, "built": 2, "built-other": 1, "path": 0}
 def choose_engine(engines: list[Engine]) -> Engine:
     """The best usable engine for this machine's devices: one that sees GPUs beats CPU-only, more
     device memory beats less; on a tie the one the user named (LLAMA_SERVER) beats our default build beats
-    our other builds (the portable variant, older flags) beats PATH."""
+    our other builds (the portable variant, older flags) beats PATH, and one with the RPC backend beats
+    one without."""
     usable = [e for e in engines if e.usable]
     if not usable:
         why = "; ".join(f"{e.path}: {e.problem}" for e in engines) or "none found"
         raise EngineError(f"no usable llama-server ({why})",
                           "run `bostudio engine build`, or set LLAMA_SERVER to a recent llama-server")
-    return max(usable, key=lambda e: (e.gpu_mib() > 0, e.gpu_mib(), _SOURCE_RANK.get(e.source, 0)))
+    # on a tie, a build with the RPC backend (it can also use workers) beats one without
+    return max(usable, key=lambda e: (e.gpu_mib() > 0, e.gpu_mib(), _SOURCE_RANK.get(e.source, 0), e.has_rpc))
 
 
 def find_engine(explicit: str | None = None) -> Engine:

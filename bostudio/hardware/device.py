@@ -38,6 +38,12 @@ class Device:
     bandwidth_gbs: float | None = None
     source: str = "unknown"
     engine_name: str | None = None  # the engine's name for it ("CUDA0"), once cross-checked
+    endpoint: str | None = None  # an RPC worker's HOST:PORT (backend "rpc"): a device on another machine
+    budget_bytes: int | None = None  # a cap the planner keeps to (an RPC worker's budget_mib)
+
+    @property
+    def remote(self) -> bool:
+        return self.backend == "rpc"
 
     @property
     def is_gpu(self) -> bool:
@@ -87,12 +93,14 @@ _FIELDS = {f for f in Device.__dataclass_fields__}
 def device_from_json(data: dict[str, Any], where: str = "devices file") -> Device:
     """Build a Device from a JSON object (as `bostudio devices --json` prints, or hand-written).
 
-    Accepts `total_gib`/`free_gib` as a convenience for planning another machine
-    ("a 24 GiB GPU": {"vendor": "nvidia", "backend": "cuda", "name": "RTX 4090", "total_gib": 24}).
+    Accepts `total_gib`/`free_gib` (and `budget_mib`) as a convenience for planning another machine
+    ("a 24 GiB GPU": {"vendor": "nvidia", "backend": "cuda", "name": "RTX 4090", "total_gib": 24}; an
+    RPC worker's GPU: {"vendor": "other", "backend": "rpc", "name": "4090 on pc2", "total_gib": 24,
+    "engine_name": "RPC0", "endpoint": "192.168.1.20:50052"}).
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: each device must be a JSON object, got {type(data).__name__}")
-    known = _FIELDS | {"total_gib", "free_gib", "usable_bytes", "is_gpu", "label"}
+    known = _FIELDS | {"total_gib", "free_gib", "budget_mib", "usable_bytes", "is_gpu", "label", "remote"}
     unknown = sorted(set(data) - known)
     if unknown:
         import difflib
@@ -105,6 +113,8 @@ def device_from_json(data: dict[str, Any], where: str = "devices file") -> Devic
         values["total_bytes"] = int(float(data["total_gib"]) * GIB)
     if "free_gib" in data:
         values["free_bytes"] = int(float(data["free_gib"]) * GIB)
+    if "budget_mib" in data:
+        values["budget_bytes"] = int(float(data["budget_mib"]) * MIB)
     for key in ("vendor", "backend", "name"):
         if key not in values:
             raise ConfigError(f"{where}: a device needs {key!r}", "e.g. {\"vendor\": \"nvidia\", "

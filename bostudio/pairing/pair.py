@@ -185,6 +185,35 @@ def self_draft_path(target: Path, quant: str) -> Path:
     return paths.drafts_dir() / f"{stem}.self-{quant}.gguf"
 
 
+# Bits per weight of llama-quantize's types (ggml block sizes; K-quant mixes as llama.cpp reports them).
+QUANT_BPW = {"Q2_K": 2.625, "Q2_K_S": 2.625, "Q3_K_S": 3.4375, "Q3_K_M": 3.91, "Q3_K_L": 4.27, "IQ2_XXS": 2.06,
+             "IQ2_XS": 2.31, "IQ3_XXS": 3.06, "IQ4_XS": 4.25, "Q4_0": 4.5, "Q4_1": 5.0, "Q4_K_S": 4.58,
+             "Q4_K_M": 4.89, "Q5_0": 5.5, "Q5_K_S": 5.54, "Q5_K_M": 5.7, "Q6_K": 6.5625, "Q8_0": 8.5,
+             "F16": 16.0, "BF16": 16.0, "F32": 32.0}
+
+
+def self_draft_info(target: ModelInfo, quant: str) -> ModelInfo:
+    """The header of the self-draft of `target` at `quant`: the copy itself once made (`pair
+    --self-draft`, `up --spec self-draft:Q`), else an estimate scaled from the target by bits per
+    weight, for planning before the copy exists."""
+    made = self_draft_path(target.path, quant)
+    if made.exists():
+        return describe(made)
+    bpw = QUANT_BPW.get(quant.upper())
+    total = sum(target.layer_bytes) + target.token_embd_bytes + target.output_bytes + target.other_bytes
+    if bpw is None or not target.n_params or not total:
+        raise ConfigError(f"cannot estimate a {quant} copy of {target.path.name} before it exists",
+                          f"make it first: `bostudio pair {target.path} --self-draft {quant}`")
+    ratio = min(1.0, bpw / (total * 8 / target.n_params))
+    from dataclasses import replace
+
+    return replace(target, path=made, quant=quant.upper(),
+                   layer_bytes=tuple(int(b * ratio) for b in target.layer_bytes),
+                   token_embd_bytes=int(target.token_embd_bytes * ratio),
+                   output_bytes=int(target.output_bytes * ratio), other_bytes=target.other_bytes,
+                   matmul_bytes_by_type=())
+
+
 def make_self_draft(target: Path, quant: str, engine: Engine, log: Callable[[str], None] = print,
                     force: bool = False) -> Path:
     """A low-bit copy of `target` made with the engine's llama-quantize (cached by name)."""

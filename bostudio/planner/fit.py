@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Iterable
 
 from bostudio.errors import PlanError
 from bostudio.hardware.device import Device
-from bostudio.planner.memory import (GIB, MIB, ContextSettings, compute_buffer_bytes, cpu_repack_bytes,
-                                     host_weight_bytes, kv_cache_bytes, max_gpu_layers, output_buffer_bytes,
-                                     output_growth_bytes, platform_overhead, recurrent_state_bytes, weight_split)
+from bostudio.planner.memory import (GIB, MIB, ContextSettings, attention_layers, compute_buffer_bytes,
+                                     logits_buffer_bytes,
+                                     cpu_repack_bytes, host_weight_bytes, kv_cache_bytes, max_gpu_layers,
+                                     output_buffer_bytes, output_growth_bytes, platform_overhead,
+                                     recurrent_layer_count, recurrent_state_bytes, weight_split)
 from bostudio.speculation import NGRAM, Speculator
 
 if TYPE_CHECKING:
@@ -132,6 +134,9 @@ class PlanOption:
     uses: tuple[Use, ...]
     budgets: tuple[tuple[str, int], ...]
     reason: str = ""
+    # Several offload devices: each one's layer count in llama.cpp's order (-dev NAMES -ts COUNTS).
+    split: tuple[tuple[str, int], ...] = ()
+    draft_device: str | None = None  # where the draft model runs (-devd), when the plan must say
 
     def device_bytes(self, device: str) -> int:
         return sum(u.bytes for u in self.uses if u.device == device)
@@ -179,8 +184,13 @@ class Plan:
                 "-ctk", i.cache_type_k, "-ctv", i.cache_type_v, "-fit", "off"]
         if i.cache_type_v not in ("f16", "bf16", "f32") or not i.flash_attn:
             args += ["-fa", "on" if i.flash_attn else "off"]  # a quantized V cache needs flash attention
+        if o.split:
+            # name the devices (their order is the -ts order) and fix each one's share of the layers
+            args += ["-dev", ",".join(name for name, _ in o.split), "-ts", ",".join(str(c) for _, c in o.split)]
         if _plan_kind(o.speculator) == "draft":
             args += ["-ngld", str(o.n_gpu_layers_draft)]
+            if o.draft_device is not None:
+                args += ["-devd", o.draft_device]
         if _plan_kind(o.speculator) in ("draft", "mtp"):
             args += ["-ctkd", i.draft_cache_type_k, "-ctvd", i.draft_cache_type_v]
         return args + self.prompt_cache_args()
@@ -225,20 +235,144 @@ def _spread(total: int, gpus: list[Device], component: str) -> list[Use]:
     return out
 
 
-def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, speculator: Speculator,
-                n_ctx: int, n_gpu_layers: int, draft: "ModelInfo | None" = None) -> tuple[list[Use], int]:
-    """Every component's bytes on every device for one configuration; also the draft's -ngld."""
-    spec = _spec(speculator, draft, intent)
-    devs = list(devices)
-    gpus = [d for d in devs if d.is_gpu]
-    host = next((d.label for d in devs if not d.is_gpu), "CPU")
-    if not gpus:
-        n_gpu_layers = 0
-    s = _settings(intent, spec, n_ctx)
-    mtp = spec.kind == "mtp"
-    uses: list[Use] = []
-    n_all = model.n_block if mtp else model.n_layer
+def llama_device_order(devices: Iterable[Device]) -> list[Device]:
+    """The offload devices in llama.cpp's order: RPC devices first, then local GPUs
+    (src/llama.cpp: "add RPC servers at the front of the list to minimize network transfers")."""
+    gpus = [d for d in devices if d.is_gpu]
+    return [d for d in gpus if d.remote] + [d for d in gpus if not d.remote]
 
+
+def multi_device(devices: Iterable[Device]) -> bool:
+    """More than one offload device, or a remote one: layers are split explicitly (-dev/-ts)."""
+    gpus = [d for d in devices if d.is_gpu]
+    return len(gpus) > 1 or any(d.remote for d in gpus)
+
+
+def offloaded_sizes(model: "ModelInfo", n_gpu_layers: int, load_nextn: bool = False) -> list[int]:
+    """Weight bytes of each offloaded layer in order, the output layer last (with the tied
+    embedding's copy and the norms), as -ngl N offloads them (the last N of n_block + 1)."""
+    ngl = max(0, min(n_gpu_layers, model.n_block + 1))
+    out = model.output_bytes or model.token_embd_bytes
+    sizes = [model.layer_bytes[il] if il < model.n_layer or load_nextn else 0
+             for il in range(model.n_block + 1 - ngl, model.n_block)]
+    return sizes + [out + model.other_bytes] if ngl else []
+
+
+def layer_counts(n_gpu_layers: int, gpus: list[Device], budgets: dict[str, int],
+                 sizes: list[int] | None = None) -> list[int]:
+    """How many of the `n_gpu_layers` offloaded layers (the output layer counting as one, last)
+    each device gets, in llama.cpp's order: consecutive runs whose weight bytes (`sizes`, one per
+    offloaded layer; equal when not given) are in proportion to the devices' budgets. Passed as
+    `-ts` counts, llama.cpp's split points fall exactly on these boundaries (llama-model.cpp:
+    device = upper_bound(cumulative split, j / ngl))."""
+    if not gpus or n_gpu_layers <= 0:
+        return [0] * len(gpus)
+    sizes = list(sizes) if sizes else [1] * n_gpu_layers
+    weights = [max(1, budgets.get(g.label, 0)) for g in gpus]
+    total_w, total_b = sum(weights), sum(sizes) or 1
+    counts, j, cum_w = [], 0, 0
+    for k, w in enumerate(weights):
+        cum_w += w
+        if k == len(weights) - 1:
+            counts.append(n_gpu_layers - j)
+            break
+        goal = total_b * cum_w / total_w  # where this device's share ends, in bytes
+        start, acc = j, sum(sizes[:j])
+        while j < n_gpu_layers and acc + sizes[j] / 2 <= goal:  # a layer goes where most of it belongs
+            acc += sizes[j]
+            j += 1
+        counts.append(j - start)
+    return counts
+
+
+def device_layers(model: "ModelInfo", n_gpu_layers: int, counts: list[int]) -> list[list[int]]:
+    """The layer indices each device holds (n_block = the output layer), from its -ts count."""
+    start = model.n_block + 1 - sum(counts)
+    out, il = [], start
+    for c in counts:
+        out.append(list(range(il, il + c)))
+        il += c
+    return out
+
+
+def fastest_device(devices: Iterable[Device]) -> Device:
+    """Where a draft runs best: a local GPU (a draft decodes token by token, so each step on a remote
+    device pays a network round trip), the one with the most bandwidth, then the most memory; with
+    no local GPU, the host (its RAM is local too)."""
+    devs = list(devices)
+    local = [d for d in devs if d.is_gpu and not d.remote]
+    if local:
+        return max(local, key=lambda d: (d.bandwidth_gbs or 0.0, d.usable_bytes, -devs.index(d)))
+    return next((d for d in devs if not d.is_gpu), devs[0])
+
+
+def _multi_uses(model: "ModelInfo", devs: list[Device], intent: Intent, s: ContextSettings, host: str,
+                n_gpu_layers: int, mtp: bool, held: dict[str, int]) -> list[Use]:
+    """Weights, KV cache, recurrent state and compute buffers layer by layer over several offload
+    devices (RPC workers and local GPUs), each device's share from layer_counts()."""
+    gpus = llama_device_order(devs)
+    budgets = _split_budgets(devs, intent, held)
+    ngl = max(0, min(n_gpu_layers, model.n_block + 1))
+    counts = layer_counts(ngl, gpus, budgets, offloaded_sizes(model, ngl, mtp))
+    layers = device_layers(model, ngl, counts)
+    uses: list[Use] = []
+    ws = weight_split(model, ngl, load_nextn=mtp)
+    out = model.output_bytes or model.token_embd_bytes
+    on_gpus = 0
+    for g, ls in zip(gpus, layers):
+        b = sum(model.layer_bytes[il] for il in ls if il < model.n_layer or (mtp and il < model.n_block))
+        if model.n_block in ls:
+            b += model.other_bytes + out
+        on_gpus += b
+        uses.append(Use(g.label, "weights", b))
+    uses.append(Use(host, "weights", ws.cpu + max(0, ws.gpu - on_gpus)))
+    n_all = model.n_block if mtp else model.n_layer
+    uses.append(Use(host, "weights (CPU repack)", cpu_repack_bytes(model, 1 - ws.gpu_layers / max(1, n_all))))
+    kv_total = kv_cache_bytes(model, s).total
+    attn = set(attention_layers(model))
+    kv_gpus = 0
+    rs = recurrent_state_bytes(model, s)
+    n_rec = recurrent_layer_count(model)
+    rs_gpus = 0
+    for g, ls in zip(gpus, layers):
+        mine = [il for il in ls if il in attn]
+        kv = kv_cache_bytes(model, s, layers=mine).total if mine else 0
+        kv_gpus += kv
+        uses.append(Use(g.label, "KV cache", kv))
+        if n_rec:
+            r = rs * sum(1 for il in ls if il < model.n_layer and _is_recurrent(model, il)) // n_rec
+            rs_gpus += r
+            uses.append(Use(g.label, "recurrent state", r))
+    uses.append(Use(host, "KV cache", max(0, kv_total - kv_gpus)))
+    uses.append(Use(host, "recurrent state", max(0, rs - rs_gpus)))
+    # Each device reserves a graph buffer for its own layers; only the one holding the output layer
+    # also needs room for the logits. The host runs the layers left to it and, when the output
+    # stays there, the logits.
+    for g, ls in zip(gpus, layers):
+        if ls:
+            mine = [il for il in ls if il < model.n_layer]
+            out_here = model.n_block in ls
+            c = (compute_buffer_bytes(model, s, layers=mine, with_output=out_here) if mine
+                 else logits_buffer_bytes(model, s))  # the output layer alone
+            uses.append(Use(g.label, "compute buffer", c))
+    host_layers = list(range(0, model.n_block + 1 - sum(counts)))
+    host_mine = [il for il in host_layers if il < model.n_layer]
+    if host_mine or sum(counts) < model.n_block + 1:
+        uses.append(Use(host, "compute buffer", compute_buffer_bytes(
+            model, s, layers=host_mine or None, with_output=model.n_block in host_layers)))
+    else:
+        uses.append(Use(host, "compute buffer", min(s.n_ubatch, s.n_ctx) * model.n_embd * 4 * 2))
+    return uses
+
+
+def _is_recurrent(model: "ModelInfo", il: int) -> bool:
+    return il < len(model.recurrent_layers) and bool(model.recurrent_layers[il])
+
+
+def _single_uses(model: "ModelInfo", gpus: list[Device], host: str, s: ContextSettings, n_gpu_layers: int,
+                 mtp: bool, n_all: int) -> list[Use]:
+    """Target weights, KV cache, recurrent state and compute buffers with at most one offload device."""
+    uses: list[Use] = []
     # target weights
     if n_gpu_layers == 0:
         uses.append(Use(host, "weights", host_weight_bytes(model, load_nextn=mtp)))
@@ -258,8 +392,6 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
         on_gpu = int(total * frac)
         uses += _spread(on_gpu, gpus, comp)
         uses.append(Use(host, comp, total - on_gpu))
-    if intent.prompt_cache:
-        uses.append(Use(host, PROMPT_CACHE, prompt_cache_bytes(kv.total + rs)))
     compute = compute_buffer_bytes(model, s)
     host_compute = min(s.n_ubatch, s.n_ctx) * model.n_embd * 4 * 2  # input embeddings staged on the host
     if n_gpu_layers and gpus:
@@ -269,34 +401,81 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
         uses.append(Use(host, "compute buffer", host_compute))
     else:
         uses.append(Use(host, "compute buffer", compute))
+    return uses
+
+
+def _draft_uses(spec: _Spec, s: ContextSettings, devs: list[Device], host: str) -> tuple[list[Use], int]:
+    """A draft model's bytes, and its -ngld. It goes whole on the fastest device (a local GPU, else
+    the host: never a remote one), and it is the target's layers that move when both do not fit
+    (-ngld all, -devd)."""
+    if spec.kind != "draft" or spec.draft is None:
+        return [], 0
+    d = spec.draft
+    ds = replace(s, cache_type_k=spec.cache_type_k, cache_type_v=spec.cache_type_v, n_rs_seq=0, n_outputs_max=0)
+    dev = fastest_device(devs).label
+    uses: list[Use] = []
+    ngld = 0
+    if dev == host:
+        uses.append(Use(host, "draft weights", host_weight_bytes(d)))
+        uses.append(Use(host, "draft weights (CPU repack)", cpu_repack_bytes(d)))
+    else:
+        ngld = max_gpu_layers(d, include_nextn=False)
+        split = weight_split(d, ngld)
+        uses += [Use(dev, "draft weights", split.gpu), Use(host, "draft weights", split.cpu)]
+    uses.append(Use(dev, "draft KV cache", kv_cache_bytes(d, ds).total + recurrent_state_bytes(d, ds)))
+    uses.append(Use(dev, "draft compute buffer", compute_buffer_bytes(d, ds)))
+    uses.append(Use(host, "draft output buffer", output_buffer_bytes(d, ds)))
+    return uses, ngld
+
+
+def _held(uses: list[Use], host: str) -> dict[str, int]:
+    """Bytes already taken on each offload device (by the draft) before the target's layers are split."""
+    out: dict[str, int] = {}
+    for u in uses:
+        if u.device != host:
+            out[u.device] = out.get(u.device, 0) + u.bytes
+    return out
+
+
+def _split_budgets(devs: list[Device], intent: Intent, held: dict[str, int]) -> dict[str, int]:
+    return {k: max(0, v - held.get(k, 0)) for k, v in _budgets(devs, intent.reserve).items()}
+
+
+def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, speculator: Speculator,
+                n_ctx: int, n_gpu_layers: int, draft: "ModelInfo | None" = None) -> tuple[list[Use], int]:
+    """Every component's bytes on every device for one configuration; also the draft's -ngld."""
+    spec = _spec(speculator, draft, intent)
+    devs = list(devices)
+    gpus = [d for d in devs if d.is_gpu]
+    host = next((d.label for d in devs if not d.is_gpu), "CPU")
+    if not gpus:
+        n_gpu_layers = 0
+    s = _settings(intent, spec, n_ctx)
+    mtp = spec.kind == "mtp"
+    uses: list[Use] = []
+    n_all = model.n_block if mtp else model.n_layer
+
+    draft_uses, ngld = _draft_uses(spec, s, devs, host)
+    multi = bool(gpus and n_gpu_layers and multi_device(devs))
+    if multi:
+        uses += _multi_uses(model, devs, intent, s, host, n_gpu_layers, mtp, _held(draft_uses, host))
+    else:
+        uses += _single_uses(model, gpus, host, s, n_gpu_layers, mtp, n_all)
     uses.append(Use(host, "output buffer", output_buffer_bytes(model, s)))
     uses.append(Use(host, RUNTIME_OUTPUT, output_growth_bytes(model, s)))
+    if intent.prompt_cache:  # llama-server's host prompt cache (--cache-ram), sized from the KV pool
+        state = kv_cache_bytes(model, s).total + recurrent_state_bytes(model, s)
+        uses.append(Use(host, PROMPT_CACHE, prompt_cache_bytes(state)))
 
-    ngld = 0
     if spec.kind == "draft" and spec.draft is not None:
-        d = spec.draft
-        ds = replace(s, cache_type_k=spec.cache_type_k, cache_type_v=spec.cache_type_v,
-                     n_rs_seq=0, n_outputs_max=0)
-        # A draft pays only next to its target's GPU: it is placed whole on the first GPU, and it is
-        # the target's layers that move to the host when both do not fit (-ngld all).
-        dev = gpus[0].label if gpus else host
-        if dev == host:
-            uses.append(Use(host, "draft weights", host_weight_bytes(d)))
-            uses.append(Use(host, "draft weights (CPU repack)", cpu_repack_bytes(d)))
-        else:
-            ngld = max_gpu_layers(d, include_nextn=False)
-            split = weight_split(d, ngld)
-            uses += [Use(dev, "draft weights", split.gpu), Use(host, "draft weights", split.cpu)]
-        uses.append(Use(dev, "draft KV cache", kv_cache_bytes(d, ds).total + recurrent_state_bytes(d, ds)))
-        uses.append(Use(dev, "draft compute buffer", compute_buffer_bytes(d, ds)))
-        uses.append(Use(host, "draft output buffer", output_buffer_bytes(d, ds)))
+        uses += draft_uses
     elif mtp and model.n_nextn:
         # The MTP context: a KV cache of the NextN layers only, as long as the target's, with the
         # draft cache types; no second copy of the weights (llama-model.cpp:2661-2670).
         ms = replace(s, cache_type_k=spec.cache_type_k, cache_type_v=spec.cache_type_v,
                      n_rs_seq=0, n_outputs_max=0)
         nextn = list(range(model.n_layer, model.n_block))
-        dev = gpus[0].label if (gpus and n_gpu_layers) else host  # NextN layers are the last ones
+        dev = _last_layer_device(model, devs, intent, n_gpu_layers) or host  # NextN layers are the last ones
         uses.append(Use(dev, "MTP KV cache", kv_cache_bytes(model, ms, layers=nextn).total))
         uses.append(Use(dev, "MTP compute buffer", compute_buffer_bytes(model, ms, layers=nextn)))
         uses.append(Use(host, "MTP output buffer", output_buffer_bytes(model, ms)))
@@ -307,8 +486,26 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
     return [u for u in uses if u.bytes], ngld
 
 
+def _last_layer_device(model: "ModelInfo", devs: list[Device], intent: Intent, n_gpu_layers: int) -> str | None:
+    """The offload device holding the last layers (and the output), None when they stay on the host."""
+    gpus = llama_device_order(devs)
+    if not gpus or not n_gpu_layers:
+        return None
+    if not multi_device(devs):
+        return gpus[0].label
+    ngl = min(n_gpu_layers, model.n_block + 1)
+    counts = layer_counts(ngl, gpus, _budgets(devs, intent.reserve), offloaded_sizes(model, ngl))
+    return next((g.label for g, c in zip(reversed(gpus), reversed(counts)) if c), None)
+
+
 def _budgets(devices: Iterable[Device], reserve: int) -> dict[str, int]:
-    return {d.label: max(0, d.usable_bytes - reserve) for d in devices}
+    """What the plan may put on each device: its usable memory less the reserve, and never more
+    than a budget the user set (an RPC worker's budget_mib)."""
+    out = {}
+    for d in devices:
+        b = max(0, d.usable_bytes - reserve)
+        out[d.label] = b if d.budget_bytes is None else min(b, d.budget_bytes)
+    return out
 
 
 def _fits(uses: list[Use], devices: list[Device], budgets: dict[str, int]) -> bool:
@@ -363,6 +560,30 @@ def largest_ctx(model: "ModelInfo", devices: list[Device], intent: Intent, specu
     return lo * CTX_STEP
 
 
+def placement(model: "ModelInfo", devices: Iterable[Device], intent: Intent, speculator: Speculator,
+              n_gpu_layers: int, draft: "ModelInfo | None" = None,
+              n_ctx: int = CTX_STEP) -> tuple[tuple[tuple[str, int], ...], str | None]:
+    """(-dev/-ts split, -devd device) of a configuration: the split only with several offload
+    devices or a remote one; the draft device whenever the draft could otherwise land elsewhere
+    than on the fastest device (llama.cpp's default spreads it like the target)."""
+    devs = list(devices)
+    split: tuple[tuple[str, int], ...] = ()
+    if multi_device(devs):
+        gpus = llama_device_order(devs)
+        ngl = max(0, min(n_gpu_layers, model.n_block + 1))
+        host = next((d.label for d in devs if not d.is_gpu), "CPU")
+        spec = _spec(speculator, draft, intent)
+        held = _held(_draft_uses(spec, _settings(intent, spec, n_ctx), devs, host)[0], host)
+        counts = layer_counts(ngl, gpus, _split_budgets(devs, intent, held),
+                              offloaded_sizes(model, ngl, speculator.kind == "mtp"))
+        split = tuple((g.label, c) for g, c in zip(gpus, counts))
+    draft_device = None
+    if _plan_kind(speculator) == "draft" and (multi_device(devs) or any(d.remote for d in devs)):
+        fast = fastest_device(devs)
+        draft_device = fast.label if fast.is_gpu else "none"  # "none": the draft stays on the host
+    return split, draft_device
+
+
 def fit_option(model: "ModelInfo", devices: Iterable[Device], intent: Intent, speculator: Speculator,
                draft: "ModelInfo | None" = None) -> PlanOption:
     """Most offload first, then the most context: keep every layer on the GPUs while the context
@@ -396,7 +617,9 @@ def fit_option(model: "ModelInfo", devices: Iterable[Device], intent: Intent, sp
     ctx, ngl = best
     uses, ngld = memory_uses(model, devs, intent, speculator, ctx, ngl, draft)
     reason = "" if ctx >= want else f"only {ctx} tokens fit (wanted {want})"
-    return PlanOption(speculator, True, ctx, ngl, ngld, tuple(uses), tuple(budgets.items()), reason)
+    split, draft_device = placement(model, devs, intent, speculator, ngl, draft, ctx)
+    return PlanOption(speculator, True, ctx, ngl, ngld, tuple(uses), tuple(budgets.items()), reason,
+                      split, draft_device)
 
 
 def _bytes_per_token(model: "ModelInfo", devices: list[Device], intent: Intent, option: PlanOption) -> float:

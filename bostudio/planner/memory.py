@@ -263,7 +263,8 @@ def _recurrent_floats(m: "ModelInfo") -> int:
     return proj + 3 * conv_dim
 
 
-def compute_buffer_bytes(m: "ModelInfo", s: ContextSettings, layers: list[int] | None = None) -> int:
+def compute_buffer_bytes(m: "ModelInfo", s: ContextSettings, layers: list[int] | None = None,
+                         with_output: bool = True) -> int:
     """Estimate of the worst-case graph buffer (src/llama-context.cpp sched_reserve): a ubatch of
     n_t = min(n_ctx, n_ubatch) tokens. Exact parts: the KQ masks (f16 with flash attention, f32
     without, one per full/SWA cache, n_kv x n_t) and without flash attention the KQ scores of one
@@ -301,9 +302,16 @@ def compute_buffer_bytes(m: "ModelInfo", s: ContextSettings, layers: list[int] |
             layer = n_t * _attn_floats(m, il) * 4 + kq
         stage = max(layer, rows_ffn * _ffn_floats(m, il) * 4)
         peak = max(peak, stage + (masks if k <= last_attn else 0))
+    if not with_output:  # a device of a split that does not hold the output layer
+        return peak
     # The output projection runs after the last attention op has released the masks.
-    logits = n_out * (m.n_vocab + m.n_embd) * 4
-    return max(peak, logits)
+    return max(peak, logits_buffer_bytes(m, s))
+
+
+def logits_buffer_bytes(m: "ModelInfo", s: ContextSettings) -> int:
+    """The output projection's stage: the output rows' hidden states and their logits (f32)."""
+    n_t = min(context_shape(s).n_ctx, s.n_ubatch)
+    return min(n_t, s.outputs_max) * (m.n_vocab + m.n_embd) * 4
 
 
 # ---------------------------------------------------------------- weights
@@ -365,7 +373,9 @@ def host_weight_bytes(m: "ModelInfo", load_nextn: bool = False) -> int:
 # Memory a backend takes before any model buffer: driver context, kernels, library workspaces.
 # Typical figures, not measured here (no GPU on the build machine): a plan keeps them as a margin.
 PLATFORM_OVERHEAD = {"cuda": 400 * MIB, "hip": 512 * MIB, "musa": 400 * MIB, "sycl": 512 * MIB,
-                     "vulkan": 256 * MIB, "metal": 64 * MIB, "cpu": 0, "unknown": 256 * MIB}
+                     "vulkan": 256 * MIB, "metal": 64 * MIB, "cpu": 0, "unknown": 256 * MIB,
+                     # an RPC device's backend overhead is paid in the worker's own rpc-server process
+                     "rpc": 0}
 
 
 def platform_overhead(backend: str) -> int:

@@ -6,6 +6,7 @@ from typing import Any
 
 from bostudio.planner.fit import Plan, PlanOption, spec_label
 from bostudio.planner.memory import GIB, MIB
+from bostudio.planner.pool import network_estimate, placement_lines
 
 BAR = 30
 
@@ -88,6 +89,7 @@ def render_plan(p: Plan) -> str:
         lines.append(p.cost_line)
     lines.append(f"choice: {spec_label(p.chosen.speculator)} at {p.chosen.n_ctx} tokens, -ngl {p.chosen.n_gpu_layers}")
     lines.append(f"why: {p.why}")
+    lines += placement_lines(p)
     lines.append("memory flags: " + " ".join(p.llama_args()))
     return "\n".join(lines)
 
@@ -97,6 +99,7 @@ def option_json(o: PlanOption) -> dict[str, Any]:
             "label": spec_label(o.speculator), "fits": o.fits,
             "n_ctx": o.n_ctx, "n_gpu_layers": o.n_gpu_layers, "n_gpu_layers_draft": o.n_gpu_layers_draft,
             "reason": o.reason, "budgets": dict(o.budgets),
+            "split": [{"device": d, "layers": c} for d, c in o.split], "draft_device": o.draft_device,
             "devices": {d: o.device_bytes(d) for d, _ in o.budgets},
             "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes} for u in o.uses]}
 
@@ -108,4 +111,13 @@ def plan_json(p: Plan) -> dict[str, Any]:
             "without_speculation": option_json(p.without_spec),
             "chosen": p.chosen.speculator.kind, "why": p.why,
             "spec_cost_bytes": p.spec_cost_bytes, "spec_cost_tokens": p.spec_cost_tokens,
-            "llama_args": p.llama_args()}
+            "llama_args": p.llama_args(), "placement": placement_lines(p),
+            "network": _network_json(p)}
+
+
+def _network_json(p: Plan) -> dict[str, Any] | None:
+    if not any(d.remote for d in p.devices):
+        return None
+    n = network_estimate(p.model, p.chosen, p.devices)
+    return {"split_points": n.split_points, "bytes_per_token": n.bytes_per_token, "network_ms": n.network_ms,
+            "compute_ms": n.compute_ms, "bottleneck": n.bottleneck}

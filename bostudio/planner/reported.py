@@ -93,3 +93,38 @@ def parse_reported_memory(log: str) -> ReportedMemory:
             # reserve runs more than once on some paths; the last figure per buffer type is the one kept
             rep.contexts[-1].compute[m.group(1)] = _mib(m.group(2))
     return rep
+
+
+_KV_BUF = re.compile(r"llama_kv_cache:\s+(\S+) KV buffer size =\s+([\d.]+) MiB")
+
+
+def device_of_buffer(name: str, labels: dict[str, str] | None = None) -> str:
+    """The device a buffer name belongs to, as the plan labels devices. An RPC buffer is named by the
+    device's index on its own server and the server ("RPC0[127.0.0.1:50052]", ggml-rpc.cpp), not
+    by the RPCn name llama-server gives the device: `labels` maps the one to the other
+    (bostudio.rpc.probe.buffer_labels). "CPU_Mapped"/"CPU_REPACK"/"CPU" are the host."""
+    if labels and name in labels:
+        return labels[name]
+    base = name.split("[", 1)[0]
+    return "CPU" if base.startswith("CPU") else base
+
+
+def device_buffers(log: str, labels: dict[str, str] | None = None) -> dict[str, dict[str, int]]:
+    """Per device, the target's model (weights) and KV buffers as llama-server reports them:
+    {"RPC0": {"weights": bytes, "KV cache": bytes}, "CPU": {...}}. The first model load and the
+    first context only (a draft's come after)."""
+    rep = parse_reported_memory(log)
+    out: dict[str, dict[str, int]] = {}
+    if rep.models:
+        for buf, n in rep.models[0].items():
+            key = "weights (CPU repack)" if buf.startswith("CPU_REPACK") else "weights"
+            dev = out.setdefault(device_of_buffer(buf, labels), {})
+            dev[key] = dev.get(key, 0) + n
+    contexts = 0
+    for line in log.splitlines():
+        if _CTX_START.search(line):
+            contexts += 1
+        elif contexts == 1 and (m := _KV_BUF.search(line)):
+            dev = out.setdefault(device_of_buffer(m.group(1), labels), {})
+            dev["KV cache"] = dev.get("KV cache", 0) + _mib(m.group(2))
+    return out
