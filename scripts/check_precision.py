@@ -7,8 +7,11 @@ llama-quantize), one server without speculation and one with the Q4_K_M file as 
 prompt, whether the outputs are identical, where they first depart and at what margin, drafted/accepted
 counts, and the decode speed without speculation (side by side, in one run).
 
-    .venv/bin/python scripts/check_precision.py [--types Q4_K_M,F16,F32] [--tokens 128] [--np 1]
+    .venv/bin/python scripts/check_precision.py [--types Q4_K_M,F16,F32] [--tokens 128]
+    .venv/bin/python scripts/check_precision.py --speed            # decode tok/s per type, interleaved
     .venv/bin/python scripts/check_precision.py --demo-failure     # the check against outputs that differ
+
+Set LLAMA_SERVER to run it on another engine (e.g. the portable build: `bostudio engine build --portable`).
 
 `--demo-failure` feeds the test's rule (tests/test_lossless.py:assert_lossless) two "speculative" sides that
 are not lossless: a Q8_0 copy of the model, and the same F32 server sampling at temperature 0.8. It prints
@@ -58,12 +61,15 @@ def main() -> int:
     ap.add_argument("--types", default="Q4_K_M,F16,F32", help="weight types, comma-separated")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--demo-failure", action="store_true")
+    ap.add_argument("--speed", action="store_true", help="decode tok/s without speculation, types interleaved")
     args = ap.parse_args()
     engine = find_engine()
     q4 = ensure_default_model(log=print)
     logs = Path(tempfile.mkdtemp(prefix="check-precision-"))
     if args.demo_failure:
         return demo_failure(engine, q4, args.tokens, logs)
+    if args.speed:
+        return speed(engine, q4, args.types.split(","), logs)
     print(f"engine {engine.path} ({engine.commit}); draft: {q4.name}; {args.tokens} tokens per prompt; logs {logs}")
     for qtype in args.types.split(","):
         model = q4 if qtype == "Q4_K_M" else precision_copy(q4, engine, qtype, log=print)
@@ -88,6 +94,32 @@ def main() -> int:
         finally:
             off.stop()
             spec.stop()
+    return 0
+
+
+def speed(engine, q4: Path, types: list[str], logs: Path, rounds: int = 3, tokens: int = 64) -> int:  # type: ignore[no-untyped-def]
+    """Decode tok/s of each type without speculation, the types taking turns on every prompt (ABBA), so
+    that machine drift hits all alike."""
+    models = {q: q4 if q == "Q4_K_M" else precision_copy(q4, engine, q, log=print) for q in types}
+    procs = {q: launch(engine, m, f"{q}-speed", Speculator("none"), logs) for q, m in models.items()}
+    try:
+        clients = {}
+        for q, p in procs.items():
+            p.wait_ready()
+            clients[q] = LlamaClient(p.base_url, timeout=None)
+            clients[q].completion("Hello", 4, timeout=TIMEOUT_S)  # warm-up
+        got: dict[str, list[float]] = {q: [] for q in clients}
+        for r in range(rounds):
+            for prompt in PROMPTS.values():
+                for q in (types if r % 2 == 0 else types[::-1]):
+                    got[q].append(greedy(clients[q], prompt, tokens, probs=False).timings["predicted_per_second"])
+        base = statistics.median(got[types[-1]])
+        for q, v in got.items():
+            print(f"{q:7} decode {statistics.median(v):6.1f} tok/s median ({min(v):.1f}-{max(v):.1f}, n={len(v)}), "
+                  f"{statistics.median(v) / base:.2f}x {types[-1]}")
+    finally:
+        for p in procs.values():
+            p.stop()
     return 0
 
 

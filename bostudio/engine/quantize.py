@@ -46,10 +46,13 @@ def quantize(engine: Engine, source: Path, out: Path, qtype: str,
     return out
 
 
+COPIES_DIR = ".full-precision"  # hidden: catalogs, the daemon and pairing do not list these copies as models
+
+
 def precision_copy_path(source: Path, qtype: str) -> Path:
-    """Where the `qtype` copy of `source` lives: next to it, `NAME.QTYPE.gguf`."""
+    """Where the `qtype` copy of `source` lives: beside it, in a hidden folder, `NAME.QTYPE.gguf`."""
     stem = source.name[:-5] if source.name.lower().endswith(".gguf") else source.name
-    return source.with_name(f"{stem}.{qtype.upper()}.gguf")
+    return source.parent / COPIES_DIR / f"{stem}.{qtype.upper()}.gguf"
 
 
 def _source_stamp(source: Path) -> str:
@@ -59,7 +62,7 @@ def _source_stamp(source: Path) -> str:
 
 def precision_copy(source: Path, engine: Engine, qtype: str = "F32",
                    log: Callable[[str], None] = print) -> Path:
-    """`source` at `qtype` (F32 by default), next to it; made once, and again when the source changes.
+    """`source` at `qtype` (F32 by default), beside it; made once, and again when the source changes.
 
     A stamp file beside the copy records the source's name, size and mtime; a copy whose stamp does not
     match the source as it is now is re-made, never used.
