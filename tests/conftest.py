@@ -34,7 +34,7 @@ def gemma_gguf() -> Path:
 
 
 # The full-precision type the lossless tests run on: F16 is as exact as F32 on x86 (up to real ties) and
-# decodes 1.5-1.8x faster (tests/test_lossless.py has the measurements).
+# decodes 1.4-1.7x faster (tests/test_lossless.py has the measurements).
 FULL_PRECISION = "F16"
 
 

@@ -19,8 +19,8 @@ floating-point sums are taken, so they depart only at real ties. `scripts/check_
 | F16 | 4/4 identical | 3/4; one tie, 0.0006 nats (token 54) |
 | F32 | 3/4; one tie, 0.005 nats (token 11, the Dijkstra prompt) | 4/4 identical |
 
-F16 decodes 1.5-1.8x faster than F32 here (interleaved, same run), so these tests use the F16 copy
-(tests/conftest.py: FULL_PRECISION). On a CPU whose F16 kernels accumulate in half precision (ARM's FP16
+F16 decodes 1.4-1.7x faster than F32 here (`--speed`, interleaved: 65.6 vs 47.5 tok/s native, 55.1 vs 32.3
+portable), so these tests use the F16 copy (tests/conftest.py: FULL_PRECISION). On a CPU whose F16 kernels accumulate in half precision (ARM's FP16
 vector arithmetic), use F32.
 
 So the rule, on full-precision weights: speculative greedy output equals the output with speculation off,
