@@ -20,8 +20,8 @@ floating-point sums are taken, so they depart only at real ties. `scripts/check_
 | F32 | 3/4; one tie, 0.005 nats (token 11, the Dijkstra prompt) | 4/4 identical |
 
 F16 decodes 1.4-1.7x faster than F32 here (`--speed`, interleaved: 65.6 vs 47.5 tok/s native, 55.1 vs 32.3
-portable), so these tests use the F16 copy (tests/conftest.py: FULL_PRECISION). On a CPU whose F16 kernels accumulate in half precision (ARM's FP16
-vector arithmetic), use F32.
+portable), so these tests use the F16 copy (tests/conftest.py: FULL_PRECISION). On a CPU whose F16
+kernels accumulate in half precision (ARM's FP16 vector arithmetic), use F32.
 
 So the rule, on full-precision weights: speculative greedy output equals the output with speculation off,
 token for token. The only allowance is a real tie: at the first departure the baseline's top two candidates
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,6 +138,24 @@ def launch(engine, model: Path, name: str, sp: Speculator, logs: Path, ctx: int 
     return proc
 
 
+@contextmanager
+def serving(engine, model: Path, specs: dict[str, Speculator], logs: Path,
+            prefix: str = "") -> Iterator[dict[str, LlamaClient]]:
+    """One ready llama-server per speculator on `model`, started together; all stopped on exit."""
+    procs = {name: launch(engine, model, prefix + name, sp, logs) for name, sp in specs.items()}
+    clients: dict[str, LlamaClient] = {}
+    try:
+        for name, proc in procs.items():
+            proc.wait_ready()
+            clients[name] = LlamaClient(proc.base_url, timeout=None)
+        yield clients
+    finally:
+        for c in clients.values():
+            c.close()
+        for p in procs.values():
+            p.stop()
+
+
 @pytest.fixture(scope="module")
 def servers(engine, gemma_full_precision: Path, gemma_gguf: Path, tmp_path_factory) -> Iterator[dict[str, LlamaClient]]:
     logs = tmp_path_factory.mktemp("lossless-logs")
@@ -147,20 +166,8 @@ def servers(engine, gemma_full_precision: Path, gemma_gguf: Path, tmp_path_facto
         # The self-draft: the embedded Q4_K_M file is a low-bit copy of the full-precision target.
         "draft-simple": Speculator("draft", ("draft-simple",), draft=gemma_gguf, n_max=8),
     }
-    procs: dict[str, ServerProcess] = {}
-    clients: dict[str, LlamaClient] = {}
-    try:
-        for name, sp in specs.items():
-            procs[name] = launch(engine, gemma_full_precision, name, sp, logs)
-        for name, proc in procs.items():
-            proc.wait_ready()
-            clients[name] = LlamaClient(proc.base_url, timeout=None)
+    with serving(engine, gemma_full_precision, specs, logs) as clients:
         yield clients
-    finally:
-        for c in clients.values():
-            c.close()
-        for p in procs.values():
-            p.stop()
 
 
 class Baselines(dict):
@@ -212,13 +219,8 @@ MTP_PROMPTS = [[1, 5, 6, 7], [1, 20, 12, 3, 9], [1, 30]]  # ids of the synthetic
 
 def test_draft_mtp_on_a_full_precision_nextn_model_equals_the_baseline(engine, tmp_path) -> None:
     model = tiny_glm4moe_mtp(tmp_path / "glm-mtp-f32.gguf")  # every tensor F32 (general.file_type 0)
-    procs = {name: launch(engine, model, name, sp, tmp_path) for name, sp in
-             {"off": Speculator("none"), "mtp": Speculator("mtp", ("draft-mtp",))}.items()}
-    try:
-        clients = {}
-        for name, proc in procs.items():
-            proc.wait_ready()
-            clients[name] = LlamaClient(proc.base_url, timeout=None)
+    specs = {"off": Speculator("none"), "mtp": Speculator("mtp", ("draft-mtp",))}
+    with serving(engine, model, specs, tmp_path) as clients:
         for prompt in MTP_PROMPTS:
             base = Greedy.from_native(clients["off"].completion(prompt, N_PREDICT, timeout=TIMEOUT_S,
                                                                 return_tokens=True, n_probs=2, **GREEDY))
@@ -228,9 +230,6 @@ def test_draft_mtp_on_a_full_precision_nextn_model_equals_the_baseline(engine, t
             assert spec.timings["draft_n"] > 0 and spec.timings["draft_n_accepted"] > 0
             assert_lossless(base, spec, f"draft-mtp on {prompt}")
         assert all(s["speculative"] for s in clients["mtp"].slots())
-    finally:
-        for proc in procs.values():
-            proc.stop()
 
 
 # ----------------------------------------------------------------- end to end: up and the daemon
@@ -294,18 +293,8 @@ def q4_servers(engine, gemma_gguf: Path, tmp_path_factory) -> Iterator[dict[str,
     logs = tmp_path_factory.mktemp("q4-logs")
     specs = {"off": Speculator("none"), "ngram-mod": Speculator("ngram", ("ngram-mod",)),
              "draft-simple": Speculator("draft", ("draft-simple",), draft=gemma_gguf, n_max=8)}
-    procs = {name: launch(engine, gemma_gguf, f"q4-{name}", sp, logs) for name, sp in specs.items()}
-    clients = {}
-    try:
-        for name, proc in procs.items():
-            proc.wait_ready()
-            clients[name] = LlamaClient(proc.base_url, timeout=None)
+    with serving(engine, gemma_gguf, specs, logs, prefix="q4-") as clients:
         yield clients
-    finally:
-        for c in clients.values():
-            c.close()
-        for p in procs.values():
-            p.stop()
 
 
 @pytest.mark.parametrize("spec_name", ["off", "ngram-mod", "draft-simple"])
