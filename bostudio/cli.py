@@ -787,6 +787,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=None, metavar="P",
                    help=f"port for a daemon it starts (default {DEFAULT_PORT}); a running daemon is used as it is")
     p.add_argument("--engine", default=None, metavar="PATH", help="llama-server for a daemon it starts")
+    p.add_argument("--pull", choices=("always", "never"), default=None,
+                   help="for a daemon it starts: may a drafter the pairing table names be downloaded from the hub "
+                        "when a launched model needs it? (default: [pull] policy in config.toml, else never)")
     p.set_defaults(func=cmd_tui)
     p = sub.add_parser("rpc", help="share this machine's devices with another machine's llama-server (RPC)",
                        description="Run ggml's rpc-server (built with the engine) so that `bostudio up/plan/"
@@ -900,8 +903,14 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_tui(args: argparse.Namespace) -> int:
     from bostudio.tui import run_tui
 
+    return run_tui(getattr(args, "host", None), getattr(args, "port", None), tui_daemon_args(args))
+
+
+def tui_daemon_args(args: argparse.Namespace) -> list[str]:
+    """The options the TUI gives a daemon it starts: the engine, and the pull policy for hub drafters
+    (the daemon loads the models the TUI launches, so the policy is the daemon's)."""
     extra = ["--engine", args.engine] if getattr(args, "engine", None) else []
-    return run_tui(getattr(args, "host", None), getattr(args, "port", None), extra)
+    return extra + (["--pull", args.pull] if getattr(args, "pull", None) else [])
 
 
 def main(argv: list[str] | None = None) -> int:

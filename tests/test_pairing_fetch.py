@@ -350,6 +350,11 @@ def test_the_daemon_never_asks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert _daemon_options(args).supervisor.pull == "never"
     args = build_parser().parse_args(["daemon", "--pull", "always"])
     assert _daemon_options(args).supervisor.pull == "always"
+    # The TUI's launches run in the daemon it starts: its --pull becomes that daemon's.
+    from bostudio.cli import tui_daemon_args
+
+    assert tui_daemon_args(build_parser().parse_args(["tui", "--pull", "always"])) == ["--pull", "always"]
+    assert tui_daemon_args(build_parser().parse_args(["tui"])) == []
     passed = _daemon_args(args)  # to a background daemon
     assert passed[passed.index("--pull") + 1] == "always"
     cfg = tmp_path / "config" / "bostudio" / "config.toml"
