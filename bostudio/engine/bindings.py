@@ -10,14 +10,15 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
-from bostudio.engine.build import built_engines
+from bostudio.engine.build import built_engines, is_current_default
 from bostudio.errors import EngineError
 
 
 def load_bindings() -> ModuleType:
     """Import `llama_cpp`, pointing it at a built engine's libraries unless the user chose others."""
     if not os.environ.get("LLAMA_CPP_LIB_PATH"):
-        for eng in built_engines():
+        # The default build first, as `engine list` ranks it (a portable variant or an older build after).
+        for eng in sorted(built_engines(), key=lambda e: not is_current_default(e)):
             if (eng.bin_dir / "libllama.so").exists() or (eng.bin_dir / "libllama.dylib").exists():
                 os.environ["LLAMA_CPP_LIB_PATH"] = str(eng.bin_dir)
                 break
