@@ -832,13 +832,9 @@ class Supervisor:
         if action == policy.RELAUNCH:
             workload = await asyncio.to_thread(inst.cfg.resolved_workload)
             inst.cfg.auto_off, inst.cfg.auto_off_reason = workload, verdict.detail
-            await self.save_slots(inst)
+            # restart() stops through stop(), which saves the slots' prompts first (prompt reuse).
             self.bus.publish("speculation", model=inst.name, relaunch=True, workload=workload,
                              message=f"{inst.name}: relaunching with another speculator or none for workload "
                                      f"{workload!r}: {verdict.detail}")
             await self.restart(inst.name)
 
-    async def save_slots(self, inst: Instance) -> None:
-        """Hook: save the slots' KV before a relaunch, once the daemon can (issue 10's slot save/restore is
-        not on main yet); until then a relaunch starts with empty slots."""
-        return None
