@@ -166,6 +166,15 @@ def test_choice_is_off_when_nothing_beats_the_baseline_beyond_the_spread() -> No
     assert choose_config([], base).chosen is None
 
 
+def test_a_candidate_with_nothing_accepted_is_never_chosen() -> None:
+    # 1.5x with no accepted draft token is the baseline's computation measured through noise
+    base = [40.0, 40.0]
+    c = choose_config([tally("a", [(60, 40), (60, 40)], drafted=0, accepted=0)], base)
+    assert c.chosen is None and "no candidate had a drafted token accepted" in c.why
+    c = choose_config([tally("a", [(60, 40), (60, 40)], drafted=30, accepted=0), tally("b", [(48, 40), (48, 40)])], base)
+    assert c.chosen is not None and c.chosen.candidate.label == "b"
+
+
 def test_noise_has_a_floor() -> None:
     assert noise_of([40.0]) == noise_of([40.0, 40.0]) == 0.03
 

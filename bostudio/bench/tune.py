@@ -130,11 +130,15 @@ class Choice:
 
 def choose_config(tallies: Sequence[Tally], baseline_tok_s: Sequence[float]) -> Choice:
     """The candidate with the best measured tok/s, if its paired speed-up beats 1 by more than the noise;
-    else off."""
+    else off. A candidate that had no draft token accepted ran the baseline's own computation plus its
+    drafting, so any edge it shows is noise: it is never chosen."""
     noise = noise_of(baseline_tok_s)
     measured = [t for t in tallies if t.samples]
     if not measured:
         return Choice(None, noise, "nothing was measured: speculation off")
+    measured = [t for t in measured if sum(s.accepted for s in t.samples) > 0]
+    if not measured:
+        return Choice(None, noise, "tuned: off - no candidate had a drafted token accepted on this workload")
     best = max(measured, key=lambda t: (len(t.samples), t.tok_s))  # the finalists have the most samples
     m = best.measured()
     acc = f", acceptance {100 * m.acceptance:.0f}%" if m.acceptance is not None else ""
