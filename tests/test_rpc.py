@@ -248,15 +248,14 @@ def test_up_serves_gemma_split_with_speculation_active(split_run: dict) -> None:
         assert f"RPC0[{w}] model buffer size" in log
 
 
-def test_reported_buffers_are_within_5_percent_of_the_plan(split_run: dict) -> None:
-    p = split_run["plan"]
-    chosen = p["with_speculation"]
+def assert_buffers_match_the_plan(p: dict, log: str) -> dict[str, dict[str, int]]:
+    """Weights and KV cache that llama-server reports per device are within 5% of the plan (`plan --json`)."""
     planned: dict[str, dict[str, int]] = {}
-    for u in chosen["uses"]:
+    for u in p["with_speculation"]["uses"]:
         planned.setdefault(u["device"], {})
         planned[u["device"]][u["component"]] = planned[u["device"]].get(u["component"], 0) + u["bytes"]
     rpc = [device_from_json(d) for d in p["devices"] if d["backend"] == "rpc"]
-    reported = device_buffers(split_run["log"], buffer_labels(rpc))
+    reported = device_buffers(log, buffer_labels(rpc))
     assert set(reported) >= {"RPC0", "RPC1", "CPU"}, reported
     for dev in ("RPC0", "RPC1", "CPU"):
         for comp in ("weights", "KV cache"):
@@ -264,6 +263,11 @@ def test_reported_buffers_are_within_5_percent_of_the_plan(split_run: dict) -> N
             if want == 0 and got == 0:
                 continue
             assert abs(got - want) <= 0.05 * max(want, got), (dev, comp, want, got)
+    return reported
+
+
+def test_reported_buffers_are_within_5_percent_of_the_plan(split_run: dict) -> None:
+    assert_buffers_match_the_plan(split_run["plan"], split_run["log"])
 
 
 def test_greedy_output_equals_a_local_only_run(split_run: dict, pool_env: dict[str, str], gemma_f32: Path) -> None:
@@ -273,6 +277,43 @@ def test_greedy_output_equals_a_local_only_run(split_run: dict, pool_env: dict[s
         assert local.greedy() == split_run["text"]
     finally:
         local.stop()
+
+
+def test_an_output_too_large_for_any_worker_is_pinned_to_the_host(workers: list[Worker], split_run: dict,
+                                                                 gemma_f32: Path, tmp_path: Path) -> None:
+    """Budgets that hold layers but not the output projection (the tied 262k x 640 embedding, 640 MiB in
+    F32): without -ot llama.cpp would put it on the last worker, so nothing could be offloaded; pinned to
+    the host, every layer goes to the workers. Served for real, the buffers match the plan and the text
+    equals the other split's."""
+    info = describe(gemma_f32)
+    layer = max(info.layer_bytes) / MIB
+    budget = int(info.n_layer / 2 * layer + 48)
+    assert budget * MIB < (info.output_bytes or info.token_embd_bytes)
+    (tmp_path / "config" / "bostudio").mkdir(parents=True)
+    (tmp_path / "config" / "bostudio" / "config.toml").write_text(
+        f'[[rpc]]\nhost = "127.0.0.1"\nport = {workers[0].port}\nbudget_mib = {budget}\n\n'
+        f'[[rpc]]\nhost = "127.0.0.1"\nport = {workers[1].port}\nbudget_mib = {budget}\n')
+    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "config"), XDG_STATE_HOME=str(tmp_path / "state"),
+               XDG_DATA_HOME=str(tmp_path / "data"), PYTHONPATH=str(TESTS.parent))
+    proc = bostudio(env, "plan", str(gemma_f32), "--ctx", "4096", "--spec", "ngram", "--json")
+    assert proc.returncode == 0, proc.stderr
+    p = json.loads(proc.stdout)
+    o = p["with_speculation"]
+    assert o["output_on_host"] and o["n_gpu_layers"] == info.n_block + 1
+    assert all(s["layers"] > 0 for s in o["split"])
+    args = p["llama_args"]
+    assert args[args.index("-ot") + 1] == r"^(output|token_embd)\.weight$=CPU"
+    assert any("pinned with -ot" in ln for ln in p["placement"])
+    up = Up(env, str(gemma_f32), "--rpc", ",".join(w.endpoint for w in workers), "--ctx", "4096", "--spec", "ngram")
+    try:
+        spec, text, log = up.line("speculation"), up.greedy(), up.log.read_text(errors="replace")
+    finally:
+        up.stop()
+    assert "active" in spec and "INACTIVE" not in spec, spec
+    reported = assert_buffers_match_the_plan(p, log)
+    # the last worker holds its layers and the output norm, not the 640 MiB projection
+    assert reported["RPC1"]["weights"] < budget * MIB
+    assert text == split_run["text"]
 
 
 def test_the_self_draft_layout_is_planned_and_launched(workers: list[Worker], pool_env: dict[str, str],
@@ -409,6 +450,11 @@ def test_a_worker_killed_mid_stream(rpc_engine: Engine, pool_env: dict[str, str]
             # the relaunched model serves
             r = http.post("/v1/completions", json={"model": "gemma-f32", "prompt": PROMPT, "max_tokens": 4})
             assert r.status_code == 200, r.text
+            # the plan the TUI shows is the running child's: over the worker left, with its placement
+            view = http.get("/bostudio/plans/gemma-f32").json()
+            argv = view["argv"]
+            assert argv[argv.index("--rpc") + 1] == a.endpoint and "-dev" in argv, argv
+            assert any(ln.startswith("target: ") and "RPC0" in ln for ln in view["placement"]), view["placement"]
     finally:
         daemon.stop()
         a.kill()

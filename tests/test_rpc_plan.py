@@ -17,7 +17,7 @@ from bostudio.hardware import load_devices_file
 from bostudio.hardware.device import GIB, MIB, Device
 from bostudio.planner import Intent, NO_SPEC, kv_cache_bytes, plan
 from bostudio.planner.fit import device_layers, fastest_device, layer_counts, llama_device_order
-from bostudio.planner.memory import ContextSettings
+from bostudio.planner.memory import ContextSettings, logits_buffer_bytes
 from bostudio.planner.pool import network_estimate, placement_lines
 from bostudio.planner.render import plan_json, render_plan
 from bostudio.speculation import Speculator
@@ -81,12 +81,13 @@ def test_70b_on_two_remote_24gb_and_a_local_16gb(base: ModelInfo) -> None:
     text = render_plan(p)
     assert "target: RPC0 (192.168.1.20:50052)" in text and "CUDA0: " in text
     assert "draft: draft Llama-3.2-1B-Q4_K_M.gguf whole on CUDA0" in text
-    # RPC0 -> RPC1 -> CUDA0: two crossings next to a remote device, hidden states only
+    # host (the input embedding) -> RPC0 -> RPC1 -> CUDA0: three crossings next to a remote device,
+    # hidden states only
     net = network_estimate(m, o, devs)
-    assert net.split_points == 2 and net.bytes_per_token == 2 * 8192 * 4
+    assert net.split_points == 3 and net.bytes_per_token == 3 * 8192 * 4
     assert not net.bottleneck  # ~40 GiB of weight reads per token dwarf 96 KiB of activations
     data = plan_json(p)
-    assert data["network"]["split_points"] == 2 and data["with_speculation"]["draft_device"] == "CUDA0"
+    assert data["network"]["split_points"] == 3 and data["with_speculation"]["draft_device"] == "CUDA0"
 
 
 def test_a_worker_budget_caps_its_share(base: ModelInfo) -> None:
@@ -195,7 +196,89 @@ def test_the_daemon_passes_the_placement_flags_only() -> None:
 
     class P:
         def llama_args(self) -> list[str]:
-            return ["-c", "4096", "-ngl", "9", "-np", "4", "-kvu", "-dev", "RPC0,RPC1", "-ts", "4,5", "-ngld", "17",
-                    "-devd", "none", "-fit", "off"]
+            return ["-c", "4096", "-ngl", "9", "-np", "4", "-kvu", "-dev", "RPC0,RPC1", "-ts", "4,5", "-ot",
+                    "^output=CPU", "-ngld", "17", "-devd", "none", "-fit", "off"]
 
-    assert placement_args(P()) == ("-ngl", "9", "-dev", "RPC0,RPC1", "-ts", "4,5", "-ngld", "17", "-devd", "none")
+    assert placement_args(P()) == ("-ngl", "9", "-dev", "RPC0,RPC1", "-ts", "4,5", "-ot", "^output=CPU", "-ngld",
+                                   "17", "-devd", "none")
+
+
+# ---------------------------------------------------------------- the output projection pinned to the host (-ot)
+
+def _big_vocab(base: ModelInfo, tied: bool) -> ModelInfo:
+    """A Gemma-3-like shape: 24 small layers (40 MiB) and a 262k vocabulary whose output projection
+    (1.2 GiB) is larger than any offload device's budget below."""
+    m = shape(base, n_layer=24, n_embd=2048, n_head=8, n_head_kv=4, head_dim=256, n_ff=8192, n_vocab=262144,
+              layer_bytes=40 * MIB, embd_bytes=1228 * MIB, path="big-vocab.gguf")
+    return replace(m, output_bytes=0) if tied else m
+
+
+def _weights(o, device: str) -> int:  # type: ignore[no-untyped-def]
+    return sum(u.bytes for u in o.uses if u.device == device and u.component == "weights")
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_an_output_that_fits_no_worker_is_pinned_to_the_host(base: ModelInfo, tied: bool) -> None:
+    from bostudio.planner.fit import OUTPUT_ON_HOST_OT
+
+    workers = (Device("other", "rpc", "w0", 0, 8 * GIB, engine_name="RPC0", endpoint="127.0.0.1:1", budget_bytes=GIB),
+               Device("other", "rpc", "w1", 1, 8 * GIB, engine_name="RPC1", endpoint="127.0.0.1:2", budget_bytes=GIB),
+               Device("cpu", "cpu", "host", 0, 32 * GIB))
+    m = _big_vocab(base, tied)
+    p = plan(m, workers, Intent(ctx=4096))
+    o = p.chosen
+    # every repeating layer goes to the workers; the output layer's slot (last, on RPC1) keeps the norm only
+    assert o.fits and o.output_on_host and o.n_gpu_layers == m.n_block + 1
+    assert [c for _, c in o.split] == [12, 13]
+    assert _weights(o, "RPC0") == 12 * 40 * MIB
+    assert _weights(o, "RPC1") == 12 * 40 * MIB + m.other_bytes
+    # on the host: the input embedding, plus an untied output (a tied one is the same mapped tensor)
+    assert _weights(o, "CPU") == m.token_embd_bytes + m.output_bytes
+    # the logits are computed on the host: its compute buffer has room for them
+    comp = {u.device: u.bytes for u in o.uses if u.component == "compute buffer"}
+    assert comp["CPU"] >= logits_buffer_bytes(m, ContextSettings(n_ctx=4096))
+    args = p.llama_args()
+    assert args[args.index("-ot") + 1] == OUTPUT_ON_HOST_OT
+    assert args[args.index("-dev") + 1] == "RPC0,RPC1" and args[args.index("-ngl") + 1] == str(m.n_block + 1)
+    # the network carries hidden states only (host -> RPC0 -> RPC1 -> host), no logits
+    net = network_estimate(m, o, workers)
+    assert net.split_points == 3 and net.bytes_per_token == 3 * m.n_embd * 4
+    lines = placement_lines(p)
+    assert any("output projection: on CPU, pinned with -ot" in ln for ln in lines)
+    assert any("it fits no offload device" in ln for ln in lines)
+    # the same pool with room for the output: nothing is pinned
+    roomy = tuple(replace(d, budget_bytes=4 * GIB) if d.remote else d for d in workers)
+    q = plan(m, roomy, Intent(ctx=4096))
+    assert not q.chosen.output_on_host and "-ot" not in q.llama_args()
+    assert q.chosen.n_gpu_layers == m.n_block + 1
+
+
+def test_a_small_local_gpu_takes_the_layers_and_leaves_the_output_on_the_host(base: ModelInfo) -> None:
+    # 1.5 GiB to plan with (2.5 less the reserve): the output (1.2 GiB) and CUDA's 400 MiB overhead
+    # leave no room for a layer, so without the pin nothing could be offloaded
+    gpu = Device("nvidia", "cuda", "small", 0, 2 * GIB + 512 * MIB, engine_name="CUDA0")
+    devs = (gpu, Device("cpu", "cpu", "host", 0, 32 * GIB))
+    m = _big_vocab(base, tied=True)
+    p = plan(m, devs, Intent(ctx=4096))
+    o = p.chosen
+    assert o.output_on_host and o.split == () and 2 <= o.n_gpu_layers <= m.n_block
+    # the last n_gpu_layers - 1 repeating layers and the output norm on the GPU, nothing else
+    assert _weights(o, "CUDA0") == (o.n_gpu_layers - 1) * 40 * MIB + m.other_bytes
+    assert _weights(o, "CPU") == (m.n_block + 1 - o.n_gpu_layers) * 40 * MIB + m.token_embd_bytes
+    assert o.device_bytes("CUDA0") <= gpu.usable_bytes - GIB
+    # one more layer would not fit
+    from bostudio.planner.fit import memory_uses
+    more = memory_uses(m, devs, Intent(ctx=4096), NO_SPEC, 4096, o.n_gpu_layers + 1, None, True)[0]
+    assert sum(u.bytes for u in more if u.device == "CUDA0") > gpu.usable_bytes - GIB
+    comp = {u.device: u.bytes for u in o.uses if u.component == "compute buffer"}
+    assert comp["CPU"] >= logits_buffer_bytes(m, ContextSettings(n_ctx=4096))  # the logits run on the host
+    assert "-ot" in p.llama_args() and "-dev" not in p.llama_args()
+    assert o.device_bytes("CUDA0") <= gpu.usable_bytes - GIB
+
+
+def test_pinning_is_not_used_when_nothing_can_be_offloaded(base: ModelInfo) -> None:
+    # a worker too small even for one layer: the plan stays on the host, with no -ot
+    tiny = (Device("other", "rpc", "w0", 0, 8 * GIB, engine_name="RPC0", endpoint="127.0.0.1:1", budget_bytes=16 * MIB),
+            Device("cpu", "cpu", "host", 0, 32 * GIB))
+    p = plan(_big_vocab(base, tied=True), tiny, Intent(ctx=4096))
+    assert p.chosen.n_gpu_layers == 0 and not p.chosen.output_on_host and "-ot" not in p.llama_args()

@@ -223,6 +223,7 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         from bostudio.daemon.supervisor import child_argv, plan_view
         from bostudio.gguf import describe
         from bostudio.planner.memory import cache_type as check_cache_type
+        from bostudio.planner.pool import placement_lines
         from bostudio.planner.render import option_bars
         from bostudio.speculation import parse_spec
 
@@ -236,13 +237,14 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         info = describe(cfg.path)
         caps = model_caps(cfg.path)
         workload = cfg.resolved_workload()
+        pool = sup.view_pool(cfg.name)
         planned, refused = plan_view(info, mode, eng, ctx, ctype, workload,
                                      cfg.fallback(workload) if mode == cfg.spec else None,
-                                     prompt_reuse=sup.slot_store is not None, caps=caps)
+                                     prompt_reuse=sup.slot_store is not None, caps=caps, pool=pool)
         o = planned.chosen
         sp = o.speculator
         argv = child_argv(eng, replace(cfg, ctx=ctx, cache_type=ctype), planned, caps, 0,
-                          sup.slot_store.root if sup.slot_store else None)
+                          sup.slot_store.root if sup.slot_store else None, pool)
         out: dict[str, Any] = {
             "model": cfg.name, "kind": caps.kind, "ctx": ctx, "cache_type": ctype, "spec_mode": mode, "speculation": sp.label,
             "reason": sp.reason, "bytes": o.total, "fits": refused is None,
@@ -251,7 +253,9 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
             "spec_cost_tokens": planned.spec_cost_tokens, "n_ctx_train": info.n_ctx_train,
             "bars": option_bars(o),
             "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes} for u in o.uses],
-            "budget_bytes": sup.budget(), "argv": argv, "would_fit": []}
+            "budget_bytes": sup.budget(), "argv": argv, "would_fit": [],
+            # with RPC workers: where each part lives and why, and the workers that could not be used
+            "placement": placement_lines(planned) if pool.devices else [], "rpc_problems": list(pool.problems)}
         if refused is not None:  # what would make it fit, one change at a time (the planner's answer)
             from bostudio.planner import what_would_fit
 

@@ -151,12 +151,13 @@ def child_argv(engine: Engine, cfg: "ModelConfig", planned: Plan, caps: ModelCap
 
 def plan_view(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, cache_type: str = "f16",
               workload: str | None = None, fallback: str | None = None, prompt_reuse: bool = False,
-              caps: ModelCaps | None = None) -> tuple[Plan, str | None]:
+              caps: ModelCaps | None = None, pool: Pool = Pool()) -> tuple[Plan, str | None]:
     """plan_child for a screen: the plan a launch would use and None, or, when a launch would refuse
-    it, the planner's best attempt and the refusal (so the screen can show the bars and why)."""
+    it, the planner's best attempt and the refusal (so the screen can show the bars and why). `pool`:
+    the RPC workers the launch would use (Supervisor.view_pool)."""
     generates = caps is None or caps.kind == "chat"
     devices, speculator, draft = _speculator_for(info, spec_mode, engine, ctx, workload=workload, fallback=fallback,
-                                                 generates=generates)
+                                                 generates=generates, pool=pool)
     on = speculator.kind != "none"
     reuse = prompt_reuse and generates
     try:
@@ -195,7 +196,7 @@ def placement_args(p: Plan) -> tuple[str, ...]:
     workers; a local child keeps llama-server's own defaults, as the daemon always ran it."""
     args = p.llama_args()
     out: list[str] = []
-    for flag in ("-ngl", "-dev", "-ts", "-ngld", "-devd"):
+    for flag in ("-ngl", "-dev", "-ts", "-ot", "-ngld", "-devd"):
         if flag in args:
             out += [flag, args[args.index(flag) + 1]]
     return tuple(out)
@@ -321,6 +322,22 @@ class Supervisor:
         if self._engine is None:
             self._engine = find_engine(self.opts.engine)
         return self._engine
+
+    def workers_for(self, name: str) -> tuple[Worker, ...]:
+        """The RPC workers a launch of model `name` may use: the configured ones, less those that died
+        under it."""
+        inst = self.instances.get(name)
+        lost = inst.lost_workers if inst is not None else ()
+        return tuple(w for w in self.opts.workers if w.endpoint not in lost)
+
+    def view_pool(self, name: str) -> Pool:
+        """The pool a plan view of `name` shows: the running child's (an rpc-server serves one client at a
+        time, so a busy worker cannot be probed), else what its launch would probe."""
+        inst = self.instances.get(name)
+        if inst is not None and inst.pool.probes and inst.state in RESIDENT_STATES + (STOPPING,):
+            return inst.pool
+        workers = self.workers_for(name)
+        return discover_pool(self.engine, workers) if workers else Pool()
 
     def budget(self) -> int:
         if self.opts.memory_budget > 0:
@@ -620,7 +637,7 @@ class Supervisor:
         info = await asyncio.to_thread(describe, cfg.path)
         caps = await asyncio.to_thread(model_caps, cfg.path)
         workload = await asyncio.to_thread(cfg.resolved_workload)
-        workers = tuple(w for w in self.opts.workers if w.endpoint not in inst.lost_workers)
+        workers = self.workers_for(cfg.name)
         inst.pool = await asyncio.to_thread(discover_pool, engine, workers) if workers else Pool()
         for problem in inst.pool.problems:
             log.warning("%s: %s; planning without it", cfg.name, problem)

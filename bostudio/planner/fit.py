@@ -137,6 +137,9 @@ class PlanOption:
     # Several offload devices: each one's layer count in llama.cpp's order (-dev NAMES -ts COUNTS).
     split: tuple[tuple[str, int], ...] = ()
     draft_device: str | None = None  # where the draft model runs (-devd), when the plan must say
+    # The output projection pinned to the host (-ot OUTPUT_ON_HOST_OT): it fits no offload device, and
+    # without the pin llama.cpp would put it on the last one (then no layer could be offloaded).
+    output_on_host: bool = False
 
     def device_bytes(self, device: str) -> int:
         return sum(u.bytes for u in self.uses if u.device == device)
@@ -187,6 +190,8 @@ class Plan:
         if o.split:
             # name the devices (their order is the -ts order) and fix each one's share of the layers
             args += ["-dev", ",".join(name for name, _ in o.split), "-ts", ",".join(str(c) for _, c in o.split)]
+        if o.output_on_host and o.n_gpu_layers:
+            args += ["-ot", OUTPUT_ON_HOST_OT]
         if _plan_kind(o.speculator) == "draft":
             args += ["-ngld", str(o.n_gpu_layers_draft)]
             if o.draft_device is not None:
@@ -207,6 +212,13 @@ class Plan:
 
 
 # ---------------------------------------------------------------- memory of one configuration
+
+# `-ot` override that keeps the output projection in host memory whatever -ngl says. llama.cpp names it
+# output.weight, or token_embd.weight when tied (created TENSOR_DUPLICATED in the output layer); the
+# input copy of token_embd is on the host anyway (llama-model.cpp: dev_input is the CPU). The override
+# is matched by regex_search on each tensor's name (llama-model-loader.cpp:1235-1258).
+OUTPUT_ON_HOST_OT = r"^(output|token_embd)\.weight$=CPU"
+
 
 def _settings(intent: Intent, spec: _Spec, n_ctx: int) -> ContextSettings:
     # Any speculator makes the server size the target's outputs for a whole draft per slot
@@ -248,11 +260,13 @@ def multi_device(devices: Iterable[Device]) -> bool:
     return len(gpus) > 1 or any(d.remote for d in gpus)
 
 
-def offloaded_sizes(model: "ModelInfo", n_gpu_layers: int, load_nextn: bool = False) -> list[int]:
+def offloaded_sizes(model: "ModelInfo", n_gpu_layers: int, load_nextn: bool = False,
+                    output_on_host: bool = False) -> list[int]:
     """Weight bytes of each offloaded layer in order, the output layer last (with the tied
-    embedding's copy and the norms), as -ngl N offloads them (the last N of n_block + 1)."""
+    embedding's copy and the norms; only the norms when the output is pinned to the host), as
+    -ngl N offloads them (the last N of n_block + 1)."""
     ngl = max(0, min(n_gpu_layers, model.n_block + 1))
-    out = model.output_bytes or model.token_embd_bytes
+    out = 0 if output_on_host else model.output_bytes or model.token_embd_bytes
     sizes = [model.layer_bytes[il] if il < model.n_layer or load_nextn else 0
              for il in range(model.n_block + 1 - ngl, model.n_block)]
     return sizes + [out + model.other_bytes] if ngl else []
@@ -307,17 +321,17 @@ def fastest_device(devices: Iterable[Device]) -> Device:
 
 
 def _multi_uses(model: "ModelInfo", devs: list[Device], intent: Intent, s: ContextSettings, host: str,
-                n_gpu_layers: int, mtp: bool, held: dict[str, int]) -> list[Use]:
+                n_gpu_layers: int, mtp: bool, held: dict[str, int], output_on_host: bool = False) -> list[Use]:
     """Weights, KV cache, recurrent state and compute buffers layer by layer over several offload
     devices (RPC workers and local GPUs), each device's share from layer_counts()."""
     gpus = llama_device_order(devs)
     budgets = _split_budgets(devs, intent, held)
     ngl = max(0, min(n_gpu_layers, model.n_block + 1))
-    counts = layer_counts(ngl, gpus, budgets, offloaded_sizes(model, ngl, mtp))
+    counts = layer_counts(ngl, gpus, budgets, offloaded_sizes(model, ngl, mtp, output_on_host))
     layers = device_layers(model, ngl, counts)
     uses: list[Use] = []
-    ws = weight_split(model, ngl, load_nextn=mtp)
-    out = model.output_bytes or model.token_embd_bytes
+    ws = weight_split(model, ngl, load_nextn=mtp, output_on_host=output_on_host)
+    out = 0 if output_on_host else model.output_bytes or model.token_embd_bytes
     on_gpus = 0
     for g, ls in zip(gpus, layers):
         b = sum(model.layer_bytes[il] for il in ls if il < model.n_layer or (mtp and il < model.n_block))
@@ -351,17 +365,20 @@ def _multi_uses(model: "ModelInfo", devs: list[Device], intent: Intent, s: Conte
     for g, ls in zip(gpus, layers):
         if ls:
             mine = [il for il in ls if il < model.n_layer]
-            out_here = model.n_block in ls
+            out_here = model.n_block in ls and not output_on_host
             c = (compute_buffer_bytes(model, s, layers=mine, with_output=out_here) if mine
-                 else logits_buffer_bytes(model, s))  # the output layer alone
+                 else logits_buffer_bytes(model, s) if out_here else 0)  # the output layer alone
             uses.append(Use(g.label, "compute buffer", c))
     host_layers = list(range(0, model.n_block + 1 - sum(counts)))
     host_mine = [il for il in host_layers if il < model.n_layer]
+    staged = min(s.n_ubatch, s.n_ctx) * model.n_embd * 4 * 2  # input embeddings staged on the host
     if host_mine or sum(counts) < model.n_block + 1:
         uses.append(Use(host, "compute buffer", compute_buffer_bytes(
-            model, s, layers=host_mine or None, with_output=model.n_block in host_layers)))
+            model, s, layers=host_mine or None, with_output=model.n_block in host_layers or output_on_host)))
+    elif output_on_host:  # every layer offloaded, the output projection (and its logits) on the host
+        uses.append(Use(host, "compute buffer", max(staged, logits_buffer_bytes(model, s))))
     else:
-        uses.append(Use(host, "compute buffer", min(s.n_ubatch, s.n_ctx) * model.n_embd * 4 * 2))
+        uses.append(Use(host, "compute buffer", staged))
     return uses
 
 
@@ -370,7 +387,7 @@ def _is_recurrent(model: "ModelInfo", il: int) -> bool:
 
 
 def _single_uses(model: "ModelInfo", gpus: list[Device], host: str, s: ContextSettings, n_gpu_layers: int,
-                 mtp: bool, n_all: int) -> list[Use]:
+                 mtp: bool, n_all: int, output_on_host: bool = False) -> list[Use]:
     """Target weights, KV cache, recurrent state and compute buffers with at most one offload device."""
     uses: list[Use] = []
     # target weights
@@ -378,7 +395,7 @@ def _single_uses(model: "ModelInfo", gpus: list[Device], host: str, s: ContextSe
         uses.append(Use(host, "weights", host_weight_bytes(model, load_nextn=mtp)))
         uses.append(Use(host, "weights (CPU repack)", cpu_repack_bytes(model)))
     else:
-        ws = weight_split(model, n_gpu_layers, load_nextn=mtp)
+        ws = weight_split(model, n_gpu_layers, load_nextn=mtp, output_on_host=output_on_host)
         uses += _spread(ws.gpu, gpus, "weights")
         uses.append(Use(host, "weights", ws.cpu))
         share = ws.gpu_layers / max(1, n_all)
@@ -394,6 +411,9 @@ def _single_uses(model: "ModelInfo", gpus: list[Device], host: str, s: ContextSe
         uses.append(Use(host, comp, total - on_gpu))
     compute = compute_buffer_bytes(model, s)
     host_compute = min(s.n_ubatch, s.n_ctx) * model.n_embd * 4 * 2  # input embeddings staged on the host
+    if n_gpu_layers and gpus and output_on_host:  # the logits are computed where the output weight is
+        compute = compute_buffer_bytes(model, s, with_output=False)
+        host_compute = max(host_compute, logits_buffer_bytes(model, s))
     if n_gpu_layers and gpus:
         # each GPU holding layers reserves its own worst-case graph buffer; counting the whole
         # estimate on each is the safe side of llama.cpp's per-split sizing
@@ -442,8 +462,10 @@ def _split_budgets(devs: list[Device], intent: Intent, held: dict[str, int]) -> 
 
 
 def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, speculator: Speculator,
-                n_ctx: int, n_gpu_layers: int, draft: "ModelInfo | None" = None) -> tuple[list[Use], int]:
-    """Every component's bytes on every device for one configuration; also the draft's -ngld."""
+                n_ctx: int, n_gpu_layers: int, draft: "ModelInfo | None" = None,
+                output_on_host: bool = False) -> tuple[list[Use], int]:
+    """Every component's bytes on every device for one configuration; also the draft's -ngld.
+    `output_on_host`: the output projection pinned to the host (PlanOption.output_on_host)."""
     spec = _spec(speculator, draft, intent)
     devs = list(devices)
     gpus = [d for d in devs if d.is_gpu]
@@ -458,9 +480,10 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
     draft_uses, ngld = _draft_uses(spec, s, devs, host)
     multi = bool(gpus and n_gpu_layers and multi_device(devs))
     if multi:
-        uses += _multi_uses(model, devs, intent, s, host, n_gpu_layers, mtp, _held(draft_uses, host))
+        uses += _multi_uses(model, devs, intent, s, host, n_gpu_layers, mtp, _held(draft_uses, host),
+                            output_on_host)
     else:
-        uses += _single_uses(model, gpus, host, s, n_gpu_layers, mtp, n_all)
+        uses += _single_uses(model, gpus, host, s, n_gpu_layers, mtp, n_all, output_on_host)
     uses.append(Use(host, "output buffer", output_buffer_bytes(model, s)))
     uses.append(Use(host, RUNTIME_OUTPUT, output_growth_bytes(model, s)))
     if intent.prompt_cache:  # llama-server's host prompt cache (--cache-ram), sized from the KV pool
@@ -541,13 +564,13 @@ def min_ctx_wanted(model: "ModelInfo", intent: Intent) -> int:
 
 
 def largest_ctx(model: "ModelInfo", devices: list[Device], intent: Intent, speculator: Speculator,
-                n_gpu_layers: int, draft: "ModelInfo | None" = None) -> int:
+                n_gpu_layers: int, draft: "ModelInfo | None" = None, output_on_host: bool = False) -> int:
     """The largest multiple of 256 up to the cap that fits with this offload; 0 if none does.
     Memory grows with the context, so a binary search finds it."""
     budgets = _budgets(devices, intent.reserve)
 
     def ok(c: int) -> bool:
-        uses = memory_uses(model, devices, intent, speculator, c, n_gpu_layers, draft)[0]
+        uses = memory_uses(model, devices, intent, speculator, c, n_gpu_layers, draft, output_on_host)[0]
         return _fits(uses, devices, budgets)
 
     lo, hi = 0, ctx_cap(model, intent) // CTX_STEP
@@ -561,8 +584,8 @@ def largest_ctx(model: "ModelInfo", devices: list[Device], intent: Intent, specu
 
 
 def placement(model: "ModelInfo", devices: Iterable[Device], intent: Intent, speculator: Speculator,
-              n_gpu_layers: int, draft: "ModelInfo | None" = None,
-              n_ctx: int = CTX_STEP) -> tuple[tuple[tuple[str, int], ...], str | None]:
+              n_gpu_layers: int, draft: "ModelInfo | None" = None, n_ctx: int = CTX_STEP,
+              output_on_host: bool = False) -> tuple[tuple[tuple[str, int], ...], str | None]:
     """(-dev/-ts split, -devd device) of a configuration: the split only with several offload
     devices or a remote one; the draft device whenever the draft could otherwise land elsewhere
     than on the fastest device (llama.cpp's default spreads it like the target)."""
@@ -575,7 +598,7 @@ def placement(model: "ModelInfo", devices: Iterable[Device], intent: Intent, spe
         spec = _spec(speculator, draft, intent)
         held = _held(_draft_uses(spec, _settings(intent, spec, n_ctx), devs, host)[0], host)
         counts = layer_counts(ngl, gpus, _split_budgets(devs, intent, held),
-                              offloaded_sizes(model, ngl, speculator.kind == "mtp"))
+                              offloaded_sizes(model, ngl, speculator.kind == "mtp", output_on_host))
         split = tuple((g.label, c) for g, c in zip(gpus, counts))
     draft_device = None
     if _plan_kind(speculator) == "draft" and (multi_device(devs) or any(d.remote for d in devs)):
@@ -584,30 +607,49 @@ def placement(model: "ModelInfo", devices: Iterable[Device], intent: Intent, spe
     return split, draft_device
 
 
+def _search(model: "ModelInfo", devs: list[Device], intent: Intent, speculator: Speculator,
+            draft: "ModelInfo | None", layer_options: list[int], want: int,
+            output_on_host: bool) -> tuple[int, int] | None:
+    """(context, -ngl) of the first offload in `layer_options` whose context reaches `want`, else the
+    one with the most context; None when nothing fits."""
+    budgets = _budgets(devs, intent.reserve)
+    best: tuple[int, int] | None = None
+    for ngl in layer_options:
+        if intent.ctx:
+            uses = memory_uses(model, devs, intent, speculator, intent.ctx, ngl, draft, output_on_host)[0]
+            if _fits(uses, devs, budgets):
+                return intent.ctx, ngl
+            continue
+        c = largest_ctx(model, devs, intent, speculator, ngl, draft, output_on_host)
+        if c >= want:
+            return c, ngl
+        if c and (best is None or c > best[0]):
+            best = (c, ngl)
+    return best
+
+
 def fit_option(model: "ModelInfo", devices: Iterable[Device], intent: Intent, speculator: Speculator,
                draft: "ModelInfo | None" = None) -> PlanOption:
     """Most offload first, then the most context: keep every layer on the GPUs while the context
     still reaches the wanted minimum; otherwise move layers to the host until it does (like
-    llama.cpp's --fit: shrink the context down to its minimum before moving layers)."""
+    llama.cpp's --fit: shrink the context down to its minimum before moving layers).
+
+    llama.cpp puts the output layer on the last offload device as soon as one layer is offloaded. When
+    no offload is possible that way (the output projection fits no device, a large vocabulary on small
+    devices), the output is pinned to the host with -ot and the search runs again: the repeating
+    layers can then go to the devices."""
     devs = list(devices)
     gpus = [d for d in devs if d.is_gpu]
     budgets = _budgets(devs, intent.reserve)
     n_max = max_gpu_layers(model, include_nextn=speculator.kind == "mtp")
     layer_options = list(range(n_max, -1, -1)) if gpus else [0]
     want = intent.ctx if intent.ctx else min_ctx_wanted(model, intent)
-    best: tuple[int, int] | None = None
-    for ngl in layer_options:
-        if intent.ctx:
-            if _fits(memory_uses(model, devs, intent, speculator, intent.ctx, ngl, draft)[0], devs, budgets):
-                best = (intent.ctx, ngl)
-                break
-            continue
-        c = largest_ctx(model, devs, intent, speculator, ngl, draft)
-        if c >= want:
-            best = (c, ngl)
-            break
-        if c and (best is None or c > best[0]):
-            best = (c, ngl)
+    best = _search(model, devs, intent, speculator, draft, layer_options, want, False)
+    output_on_host = False
+    if gpus and (best is None or best[1] == 0):
+        pinned = _search(model, devs, intent, speculator, draft, [n for n in layer_options if n >= 2], want, True)
+        if pinned is not None and (best is None or pinned[0] >= min(want, best[0])):
+            best, output_on_host = pinned, True
     if best is None:
         c = intent.ctx or CTX_STEP
         uses, ngld = memory_uses(model, devs, intent, speculator, c, 0, draft)
@@ -615,19 +657,21 @@ def fit_option(model: "ModelInfo", devices: Iterable[Device], intent: Intent, sp
         return PlanOption(speculator, False, c, 0, ngld, tuple(uses), tuple(budgets.items()),
                           f"needs {need / GIB:.2f} GiB at {c} tokens even with every layer on the host")
     ctx, ngl = best
-    uses, ngld = memory_uses(model, devs, intent, speculator, ctx, ngl, draft)
+    uses, ngld = memory_uses(model, devs, intent, speculator, ctx, ngl, draft, output_on_host)
     reason = "" if ctx >= want else f"only {ctx} tokens fit (wanted {want})"
-    split, draft_device = placement(model, devs, intent, speculator, ngl, draft, ctx)
+    split, draft_device = placement(model, devs, intent, speculator, ngl, draft, ctx, output_on_host)
     return PlanOption(speculator, True, ctx, ngl, ngld, tuple(uses), tuple(budgets.items()), reason,
-                      split, draft_device)
+                      split, draft_device, output_on_host)
 
 
 def _bytes_per_token(model: "ModelInfo", devices: list[Device], intent: Intent, option: PlanOption) -> float:
     """What one more token of context costs in this option (KV, masks, ...), measured on the model."""
     c = max(option.n_ctx, CTX_STEP)
     step = 16 * CTX_STEP
-    a = sum(u.bytes for u in memory_uses(model, devices, intent, NO_SPEC, c, option.n_gpu_layers)[0])
-    b = sum(u.bytes for u in memory_uses(model, devices, intent, NO_SPEC, c + step, option.n_gpu_layers)[0])
+    pin = option.output_on_host
+    a = sum(u.bytes for u in memory_uses(model, devices, intent, NO_SPEC, c, option.n_gpu_layers, None, pin)[0])
+    b = sum(u.bytes for u in memory_uses(model, devices, intent, NO_SPEC, c + step, option.n_gpu_layers, None,
+                                         pin)[0])
     return max(1.0, (b - a) / step)
 
 
@@ -667,8 +711,9 @@ def plan(model: "ModelInfo", devices: Iterable[Device], intent: Intent = Intent(
     # tokens those bytes would buy instead.
     same_offload = with_.fits and with_.n_gpu_layers == without.n_gpu_layers
     ref_ctx, ref_ngl = (with_.n_ctx if same_offload else without.n_ctx), without.n_gpu_layers
-    base = sum(u.bytes for u in memory_uses(model, devs, intent, NO_SPEC, ref_ctx, ref_ngl)[0])
-    spec_total = sum(u.bytes for u in memory_uses(model, devs, intent, speculator, ref_ctx, ref_ngl, draft)[0])
+    pin = without.output_on_host
+    base = sum(u.bytes for u in memory_uses(model, devs, intent, NO_SPEC, ref_ctx, ref_ngl, None, pin)[0])
+    spec_total = sum(u.bytes for u in memory_uses(model, devs, intent, speculator, ref_ctx, ref_ngl, draft, pin)[0])
     cost = max(0, spec_total - base)
     tokens = int(cost / _bytes_per_token(model, list(devs), intent, without))
     want = intent.ctx or min_ctx_wanted(model, intent)
@@ -750,5 +795,5 @@ def what_would_fit(model: "ModelInfo", devices: Iterable[Device], intent: Intent
     return out
 
 
-__all__ = ["PROMPT_CACHE", "prompt_cache_bytes", "Intent", "Use", "PlanOption", "Plan", "plan", "plan_for_launch", "what_would_fit", "FitChange", "fit_option", "largest_ctx",
+__all__ = ["OUTPUT_ON_HOST_OT", "PROMPT_CACHE", "prompt_cache_bytes", "Intent", "Use", "PlanOption", "Plan", "plan", "plan_for_launch", "what_would_fit", "FitChange", "fit_option", "largest_ctx",
            "memory_uses", "spec_label", "default_fallback", "NO_SPEC", "NGRAM_SPEC", "MTP_SPEC", "MIB", "GIB"]

@@ -337,9 +337,13 @@ def max_gpu_layers(m: "ModelInfo", include_nextn: bool = True) -> int:
     return (m.n_block if include_nextn else m.n_layer) + 1
 
 
-def weight_split(m: "ModelInfo", n_gpu_layers: int, load_nextn: bool = False) -> WeightSplit:
+def weight_split(m: "ModelInfo", n_gpu_layers: int, load_nextn: bool = False,
+                 output_on_host: bool = False) -> WeightSplit:
     """Weight bytes on the GPU(s) and on the host. NextN layers are loaded only for draft-mtp
-    (`mparams.load_mtp`, common/common.cpp:1625); otherwise their tensors are skipped."""
+    (`mparams.load_mtp`, common/common.cpp:1625); otherwise their tensors are skipped.
+    `output_on_host`: the output projection is pinned to the host (`-ot`, see OUTPUT_ON_HOST_OT): the
+    output layer's slot on the device keeps only the output norm, and a tied output shares the
+    host's mapped embedding."""
     n_all = m.n_block
     ngl = max(0, min(n_gpu_layers, n_all + 1))
     start = n_all + 1 - ngl
@@ -353,11 +357,14 @@ def weight_split(m: "ModelInfo", n_gpu_layers: int, load_nextn: bool = False) ->
             on_gpu_layers += 1
         else:
             cpu += size
-    output_on_gpu = ngl >= 1
+    output_on_gpu = ngl >= 1 and not output_on_host
     out = m.output_bytes or m.token_embd_bytes  # tied: the embedding is duplicated as the output
-    cpu += m.token_embd_bytes + m.other_bytes if not output_on_gpu else m.token_embd_bytes
+    cpu += m.token_embd_bytes
+    if ngl >= 1:
+        gpu += m.other_bytes  # the output norm goes with the output layer's slot
+    else:
+        cpu += m.other_bytes
     if output_on_gpu:
-        gpu += m.other_bytes
         gpu += out
     elif m.output_bytes:
         cpu += m.output_bytes

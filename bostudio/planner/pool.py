@@ -64,10 +64,11 @@ def network_estimate(model: "ModelInfo", option: PlanOption, devices: Iterable[D
     host = next((d for d in devs if not d.is_gpu), None)
     chain: list[Device] = []  # the devices a token passes through, in layer order
     if option.split:
-        ngl = sum(c for _, c in option.split)
-        if host is not None and ngl < model.n_block + 1:
+        if host is not None:  # the input embedding always runs on the host (llama-model.cpp: dev_input)
             chain.append(host)
         chain += [by_label[name] for name, c in option.split if c]
+        if option.output_on_host and host is not None:
+            chain.append(host)  # the output projection runs on the host: the last hidden state comes back
     crossings = sum(1 for a, b in zip(chain, chain[1:]) if a.remote or b.remote)
     per_token = crossings * model.n_embd * 4
     if chain and chain[-1].remote:
@@ -103,6 +104,12 @@ def placement_lines(p: Plan) -> list[str]:
         lines.append(f"target: {o.n_gpu_layers} layers on {gpu}, the rest on {host}")
     else:
         lines.append(f"target: all layers on {host}")
+    if o.output_on_host and o.n_gpu_layers:
+        out = p.model.output_bytes or p.model.token_embd_bytes
+        lines.append(f"output projection: on {host}, pinned with -ot ({out / MIB:.0f} MiB; only its norm stays "
+                     f"in the output layer's slot)")
+        lines.append("  why: it fits no offload device, and llama.cpp would put it on the last one, "
+                     "leaving no room for any layer")
     kind = _plan_kind(o.speculator)
     if kind == "draft":
         fast = fastest_device(devs)

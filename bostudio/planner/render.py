@@ -100,6 +100,7 @@ def option_json(o: PlanOption) -> dict[str, Any]:
             "n_ctx": o.n_ctx, "n_gpu_layers": o.n_gpu_layers, "n_gpu_layers_draft": o.n_gpu_layers_draft,
             "reason": o.reason, "budgets": dict(o.budgets),
             "split": [{"device": d, "layers": c} for d, c in o.split], "draft_device": o.draft_device,
+            "output_on_host": o.output_on_host,
             "devices": {d: o.device_bytes(d) for d, _ in o.budgets},
             "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes} for u in o.uses]}
 

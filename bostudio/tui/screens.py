@@ -483,6 +483,8 @@ class PlanScreen(BaseScreen):
         if p.get("cost_line"):
             lines.append(f"trade-off: {safe(p['cost_line'])}")
         lines.append(f"why: {safe(p.get('why', ''))}")
+        lines += [f"  {safe(line)}" for line in p.get("placement", [])]  # with RPC workers: where each part lives
+        lines += [f"  [yellow]{safe(problem)}[/]" for problem in p.get("rpc_problems", [])]
         if not p.get("fits"):
             lines.append(f"[b red]DOES NOT FIT[/]: {safe(p.get('not_fit_reason', ''))}")
             for w in p.get("would_fit", []):
