@@ -18,7 +18,7 @@ from bostudio.hardware.device import GIB, MIB, Device
 from bostudio.planner import Intent, NO_SPEC, kv_cache_bytes, plan
 from bostudio.planner.fit import device_layers, fastest_device, layer_counts, llama_device_order
 from bostudio.planner.memory import ContextSettings, logits_buffer_bytes
-from bostudio.planner.pool import network_estimate, placement_lines
+from bostudio.planner.pool import ROUND_TRIP_S, network_estimate, placement_lines
 from bostudio.planner.render import plan_json, render_plan
 from bostudio.speculation import Speculator
 from tests.test_planner import base, shape  # noqa: F401  (the module fixture and the model shapes)
@@ -282,3 +282,27 @@ def test_pinning_is_not_used_when_nothing_can_be_offloaded(base: ModelInfo) -> N
             Device("cpu", "cpu", "host", 0, 32 * GIB))
     p = plan(_big_vocab(base, tied=True), tiny, Intent(ctx=4096))
     assert p.chosen.n_gpu_layers == 0 and not p.chosen.output_on_host and "-ot" not in p.llama_args()
+
+
+def test_the_network_estimate_uses_the_slowest_link_a_token_crosses(base: ModelInfo) -> None:
+    m = llama70b(base)
+    devs = load_devices_file(POOL)
+    p = plan(m, devs, INTENT, NO_SPEC)
+    gigabit = network_estimate(m, p.chosen, devs)
+    assert gigabit.link_mbit == 1000 and "at 1 Gbit/s" in gigabit.line()
+    # one worker on Wi-Fi (100 Mbit/s): the bytes take ten times as long; the round trips do not change
+    slow = tuple(replace(d, link_mbit=100) if d.label == "RPC1" else d for d in devs)
+    wifi = network_estimate(m, p.chosen, slow)
+    rtt_ms = wifi.split_points * ROUND_TRIP_S * 1e3
+    assert wifi.link_mbit == 100 and "at 100 Mbit/s" in wifi.line()
+    assert wifi.network_ms - rtt_ms == pytest.approx(10 * (gigabit.network_ms - rtt_ms))
+    assert plan_json(replace(p, devices=slow))["network"]["link_mbit"] == 100
+
+
+def test_a_devices_file_link_must_be_positive(tmp_path: Path) -> None:
+    from bostudio.errors import ConfigError
+
+    f = tmp_path / "pool.json"
+    f.write_text('{"devices": [{"vendor": "other", "backend": "rpc", "name": "w", "total_gib": 8, "link_mbit": -1}]}')
+    with pytest.raises(ConfigError, match="link_mbit"):
+        load_devices_file(f)

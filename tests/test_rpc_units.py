@@ -26,6 +26,8 @@ CONFIG_ERRORS = [
     ("no host", "[[rpc]]\nport = 1\n", "needs host", 'host = "'),
     ("bad budget", '[[rpc]]\nhost = "a"\nbudget_mib = -5\n', "budget_mib must be a positive", "20000"),
     ("bool budget", '[[rpc]]\nhost = "a"\nbudget_mib = true\n', "budget_mib must be a positive", "20000"),
+    ("bad link", '[[rpc]]\nhost = "a"\nlink_mbit = "fast"\n', "link_mbit must be a positive", "10 GbE"),
+    ("zero link", '[[rpc]]\nhost = "a"\nlink_mbit = 0\n', "link_mbit must be a positive", "1000"),
     ("bad port", '[[rpc]]\nhost = "a"\nport = 99999\n', "out of range", "65535"),
     ("twice", '[[rpc]]\nhost = "a"\n[[rpc]]\nhost = "a"\n', "named twice", "once"),
     ("not a table", 'rpc = 3\n', "array of tables", "[[rpc]]"),
@@ -46,24 +48,25 @@ def test_config_errors_name_the_file_and_say_what_to_write(tmp_path: Path, case:
 
 def test_cli_workers_take_their_budgets_from_config(tmp_path: Path) -> None:
     f = tmp_path / "config.toml"
-    f.write_text('[[rpc]]\nhost = "a"\nport = 1\nbudget_mib = 100\n[[catalog]]\n')
+    f.write_text('[[rpc]]\nhost = "a"\nport = 1\nbudget_mib = 100\nlink_mbit = 10000\n[[catalog]]\n')
     config = workers_from_config(f)
-    assert config == (Worker("a", 1, 100),)
+    assert config == (Worker("a", 1, 100, 10000),)
     assert select_workers(None, config) == config
-    assert select_workers("a:1,b:2", config) == (Worker("a", 1, 100), Worker("b", 2, None))
+    assert select_workers("a:1,b:2", config) == (Worker("a", 1, 100, 10000), Worker("b", 2, None))
     assert select_workers("none", config) == ()
     assert workers_from_config(tmp_path / "missing.toml") == ()
 
 
 def test_pool_devices_are_named_as_llama_server_will_name_them() -> None:
     dev = lambda n: EngineDevice("RPC0", "x", 8192, 4096 * n, "rpc")  # noqa: E731 (each worker probed alone)
-    probes = (WorkerProbe(Worker("a", 1, 300), (dev(1), dev(2))),
+    probes = (WorkerProbe(Worker("a", 1, 300, 2500), (dev(1), dev(2))),
               WorkerProbe(Worker("dead", 2), problem="rpc worker dead:2 cannot be reached"),
               WorkerProbe(Worker("b", 3), (dev(1),)))
     devices = pool_devices(probes)
     assert [d.label for d in devices] == ["RPC0", "RPC1", "RPC2"]  # numbered across reachable workers
     assert [d.endpoint for d in devices] == ["a:1", "a:1", "b:3"]
     assert [d.budget_bytes for d in devices] == [100 * MIB, 200 * MIB, None]  # a's budget by free memory
+    assert [d.link_mbit for d in devices] == [2500, 2500, None]
     assert all(d.remote and d.is_gpu for d in devices)
     assert rpc_arg(probes) == "a:1,b:3"
 

@@ -40,6 +40,7 @@ class Device:
     engine_name: str | None = None  # the engine's name for it ("CUDA0"), once cross-checked
     endpoint: str | None = None  # an RPC worker's HOST:PORT (backend "rpc"): a device on another machine
     budget_bytes: int | None = None  # a cap the planner keeps to (an RPC worker's budget_mib)
+    link_mbit: int | None = None  # an RPC worker's network link (None: the estimate's 1 Gbit/s default)
 
     @property
     def remote(self) -> bool:
@@ -123,6 +124,10 @@ def device_from_json(data: dict[str, Any], where: str = "devices file") -> Devic
         raise ConfigError(f"{where}: unknown vendor {values['vendor']!r}", f"one of {', '.join(VENDORS)}")
     if values["backend"] not in BACKENDS:
         raise ConfigError(f"{where}: unknown backend {values['backend']!r}", f"one of {', '.join(BACKENDS)}")
+    link = values.get("link_mbit")
+    if link is not None and (isinstance(link, bool) or not isinstance(link, int) or link <= 0):
+        raise ConfigError(f"{where}: link_mbit of {values['name']!r} must be a positive whole number of Mbit/s",
+                          "e.g. \"link_mbit\": 1000 for Gigabit Ethernet")
     if int(values.get("total_bytes", 0)) <= 0:
         raise ConfigError(f"{where}: device {values['name']!r} has no memory size",
                           "give total_bytes or total_gib")

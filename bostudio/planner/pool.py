@@ -19,7 +19,7 @@ from bostudio.planner.memory import GIB, MIB
 if TYPE_CHECKING:
     from bostudio.gguf.describe import ModelInfo
 
-LINK_BYTES_S = 125e6  # 1 Gbit/s Ethernet: what a desktop LAN gives unless told otherwise
+DEFAULT_LINK_MBIT = 1000  # 1 Gbit/s Ethernet: what a desktop LAN gives unless told otherwise ([[rpc]] link_mbit)
 ROUND_TRIP_S = 0.5e-3  # one request/response on a LAN, ggml-rpc's graph_compute included
 # Memory bandwidth when a probe does not know it (decode reads every weight once per token).
 DEFAULT_BANDWIDTH_GBS = {"cpu": 50.0, "rpc": 100.0, "gpu": 300.0}
@@ -32,6 +32,7 @@ class NetworkEstimate:
     bytes_per_token: int
     network_ms: float
     compute_ms: float
+    link_mbit: int = DEFAULT_LINK_MBIT  # the slowest link a token crosses
 
     @property
     def bottleneck(self) -> bool:
@@ -42,13 +43,17 @@ class NetworkEstimate:
             return "network: no remote device holds layers"
         share = self.network_ms / max(1e-9, self.network_ms + self.compute_ms)
         text = (f"network: {self.split_points} split point(s) cross the network per token, "
-                f"{self.bytes_per_token / 1024:.0f} KiB, ~{self.network_ms:.2f} ms at 1 Gbit/s with "
+                f"{self.bytes_per_token / 1024:.0f} KiB, ~{self.network_ms:.2f} ms at {_speed(self.link_mbit)} with "
                 f"{ROUND_TRIP_S * 1e3:.1f} ms round trips, against ~{self.compute_ms:.2f} ms of weight "
                 f"reads ({100 * share:.0f}% of a token's time)")
         if self.bottleneck:
             text += ("; WARNING: the network is the bottleneck: use fewer workers, put the output layer "
                      "on a local device, or a faster link")
         return text
+
+
+def _speed(mbit: int) -> str:
+    return f"{mbit / 1000:g} Gbit/s" if mbit >= 1000 else f"{mbit} Mbit/s"
 
 
 def _bandwidth(d: Device) -> float:
@@ -70,16 +75,17 @@ def network_estimate(model: "ModelInfo", option: PlanOption, devices: Iterable[D
         if option.output_on_host and host is not None:
             chain.append(host)  # the output projection runs on the host: the last hidden state comes back
     crossings = sum(1 for a, b in zip(chain, chain[1:]) if a.remote or b.remote)
+    link = min((d.link_mbit or DEFAULT_LINK_MBIT for d in chain if d.remote), default=DEFAULT_LINK_MBIT)
     per_token = crossings * model.n_embd * 4
     if chain and chain[-1].remote:
         crossings += 1
         per_token += model.n_vocab * 4  # the logits come back from the device holding the output
-    network_s = per_token / LINK_BYTES_S + crossings * ROUND_TRIP_S
+    network_s = per_token / (link * 1e6 / 8) + crossings * ROUND_TRIP_S
     compute_s = 0.0
     for d in devs:
         w = sum(u.bytes for u in option.uses if u.device == d.label and u.component == "weights")
         compute_s += w / (_bandwidth(d) * 1e9)
-    return NetworkEstimate(crossings, per_token, network_s * 1e3, compute_s * 1e3)
+    return NetworkEstimate(crossings, per_token, network_s * 1e3, compute_s * 1e3, link)
 
 
 def placement_lines(p: Plan) -> list[str]:

@@ -121,4 +121,4 @@ def _network_json(p: Plan) -> dict[str, Any] | None:
         return None
     n = network_estimate(p.model, p.chosen, p.devices)
     return {"split_points": n.split_points, "bytes_per_token": n.bytes_per_token, "network_ms": n.network_ms,
-            "compute_ms": n.compute_ms, "bottleneck": n.bottleneck}
+            "compute_ms": n.compute_ms, "link_mbit": n.link_mbit, "bottleneck": n.bottleneck}

@@ -109,7 +109,7 @@ def pool_devices(probes: Iterable[WorkerProbe]) -> tuple[Device, ...]:
             out.append(Device(vendor="other", backend="rpc", name=f"rpc-server {p.worker.endpoint} #{k}",
                               index=n, total_bytes=d.total_mib * MIB, free_bytes=d.free_mib * MIB,
                               source=f"rpc {p.worker.endpoint}", engine_name=f"RPC{n}",
-                              endpoint=p.worker.endpoint, budget_bytes=budget))
+                              endpoint=p.worker.endpoint, budget_bytes=budget, link_mbit=p.worker.link_mbit))
             n += 1
     return tuple(out)
 

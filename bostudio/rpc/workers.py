@@ -6,6 +6,7 @@ A worker is named on the command line (`--rpc host:port,host:port`) or in config
     host = "192.168.1.20"
     port = 50052
     budget_mib = 20000     # optional: the planner puts at most this much on the worker
+    link_mbit = 1000       # optional: the link to it, for the network estimate (default 1 Gbit/s Ethernet)
 
 llama.cpp splits an endpoint at its first ':' (ggml-rpc.cpp parse_endpoint), so IPv6 literals
 cannot be used; a host name that resolves to one can.
@@ -25,17 +26,19 @@ from bostudio.errors import ConfigError
 
 DEFAULT_PORT = 50052  # rpc-server's default (tools/rpc/rpc-server.cpp)
 _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$")
-_KEYS = ("host", "port", "budget_mib")
+_KEYS = ("host", "port", "budget_mib", "link_mbit")
 RPC_HINT = "write --rpc HOST:PORT[,HOST:PORT...], e.g. --rpc 192.168.1.20:50052,127.0.0.1:50053"
 
 
 @dataclass(frozen=True)
 class Worker:
-    """One rpc-server. budget_mib: the most the planner may place on it (None: what it reports free)."""
+    """One rpc-server. budget_mib: the most the planner may place on it (None: what it reports free);
+    link_mbit: the network link to it (None: 1 Gbit/s Ethernet)."""
 
     host: str
     port: int = DEFAULT_PORT
     budget_mib: int | None = None
+    link_mbit: int | None = None
 
     @property
     def endpoint(self) -> str:
@@ -118,16 +121,22 @@ def workers_from_config(path: Path | None = None) -> tuple[Worker, ...]:
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
             raise ConfigError(f"{where}: budget_mib must be a positive whole number of MiB, not {budget!r}",
                               "e.g. budget_mib = 20000")
-        out.append(Worker(_check_host(t["host"], where), _check_port(t.get("port", DEFAULT_PORT), where), budget))
+        link = t.get("link_mbit")
+        if link is not None and (isinstance(link, bool) or not isinstance(link, int) or link <= 0):
+            raise ConfigError(f"{where}: link_mbit must be a positive whole number of Mbit/s, not {link!r}",
+                              "e.g. link_mbit = 1000 for Gigabit Ethernet, 10000 for 10 GbE")
+        out.append(Worker(_check_host(t["host"], where), _check_port(t.get("port", DEFAULT_PORT), where), budget,
+                          link))
     return _unique(out, str(path))
 
 
 def select_workers(cli_value: str | None, config: tuple[Worker, ...]) -> tuple[Worker, ...]:
     """The workers to use: `--rpc` names them (taking budgets from config.toml for the same
-    endpoint); without `--rpc`, config.toml's. `--rpc none` uses none."""
+    endpoint, and link speeds); without `--rpc`, config.toml's. `--rpc none` uses none."""
     if cli_value is None:
         return config
     if cli_value.strip().lower() == "none":
         return ()
-    budgets = {w.endpoint: w.budget_mib for w in config}
-    return tuple(Worker(w.host, w.port, budgets.get(w.endpoint)) for w in parse_workers(cli_value))
+    known = {w.endpoint: w for w in config}
+    return tuple(Worker(w.host, w.port, known[w.endpoint].budget_mib, known[w.endpoint].link_mbit)
+                 if w.endpoint in known else w for w in parse_workers(cli_value))
