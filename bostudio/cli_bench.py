@@ -85,14 +85,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
         p = r.profile
         print(f"workload {p.workload}: {p.why}")
         print(f"  baseline (off): {p.baseline_tok_s:.1f} tok/s median over {len(r.baseline)} paired runs; "
-              f"noise {100 * p.noise:.0f}%; {r.rounds} round(s) in {r.elapsed_s:.0f} s")
+              f"the best's interval +/-{100 * p.noise:.0f}%; {r.rounds} round(s) in {r.elapsed_s:.0f} s")
         ranked = sorted((t for t in r.tallies if t.samples), key=lambda t: (-len(t.samples), -t.tok_s))
         for t in ranked:
             m = t.measured()
             acc = f"{100 * m.acceptance:.0f}%" if m.acceptance is not None else "-"
             mark = "*" if p.chosen and m.label == p.chosen.label else " "
             print(f"  {mark} {m.label:<40} {m.tok_s:7.1f} tok/s {m.speedup:5.2f}x "
-                  f"({m.speedup_min:.2f}-{m.speedup_max:.2f}) accept {acc:>4} x{m.samples}")
+                  f"(range {m.speedup_min:.2f}-{m.speedup_max:.2f}, low {m.speedup_low:.2f}) accept {acc:>4} "
+                  f"x{m.samples}")
         if p.break_even_acceptance is not None:
             print(f"  break-even acceptance at run time: {100 * p.break_even_acceptance:.0f}%")
         print(f"  profile: {r.path} (`bostudio up --workload {p.workload}` and the daemon use it)")
@@ -139,7 +140,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                    "draft n_max 1-8 and p_min, MTP n_max, n-gram + draft) by successive halving "
                                    "within --budget-s, each candidate paired with off on the same prompts. Picks "
                                    "the best measured tok/s; chooses off when nothing beats off beyond the "
-                                   "measured spread. Saves a profile per (model file, engine commit + backend, "
+                                   "measured spread (the 90% interval of its median paired speed-up must lie "
+                                   "above 1). Saves a profile per (model file, engine commit + backend, "
                                    "workload) under $XDG_STATE_HOME/bostudio/profiles that `up --workload W` and "
                                    "the daemon use; a profile older than the engine build or the model is ignored.")
     p.add_argument("model", nargs="?", default=None, metavar="MODEL",

@@ -15,7 +15,7 @@ import pytest
 from bostudio.bench import profiles
 from bostudio.bench.measure import OFF, Sample, accept_length, project, report_json, summarise
 from bostudio.bench.tune import (DEFAULT_BREAK_EVEN, Candidate, Tally, break_even_acceptance, candidates,
-                                 choose_config, halve, noise_of)
+                                 choose_config, halve, median_interval)
 from bostudio.bench.workloads import SHIPPED, WORKLOADS, filler_code, resolve_workloads
 from bostudio.daemon import policy
 from bostudio.daemon.stats import InstanceStats
@@ -156,27 +156,40 @@ def test_halving_keeps_the_better_half_by_paired_ratio() -> None:
 
 
 def test_choice_is_off_when_nothing_beats_the_baseline_beyond_the_spread() -> None:
-    base = [40.0, 42.0, 38.0, 40.0]
-    assert noise_of(base) == pytest.approx(0.05)
-    c = choose_config([tally("a", [(41, 40), (41, 40)]), tally("b", [(40.5, 40)])], base)
-    assert c.chosen is None and "off" in c.why and "spread of 5%" in c.why
-    c = choose_config([tally("a", [(48, 40), (47, 40)]), tally("b", [(60, 40)])], base)
+    # a median of 1.05x whose interval reaches below 1: off
+    wobbly = [(38, 40), (44, 40), (42, 40), (41, 40), (46, 40), (39, 40), (43, 40)]
+    c = choose_config([tally("a", wobbly), tally("b", [(40.5, 40)])])
+    assert c.chosen is None and "off" in c.why and "not beyond the measured spread" in c.why
+    assert "90% interval of the median 0.95-1.15x over 7 paired prompt(s)" in c.why
+    # every paired ratio above 1: chosen, even though the baseline's own tok/s differs by prompt (long prompts
+    # decode slower: that is not noise, each ratio pairs the same prompt)
+    steady = [(48, 40), (30, 25), (66, 55), (25, 20), (61, 50)]
+    c = choose_config([tally("a", steady), tally("b", [(60, 40)])])
     # the finalist (most samples) is chosen, with its acceptance in the reason
     assert c.chosen is not None and c.chosen.candidate.label == "a" and "acceptance 50%" in c.why
-    assert choose_config([], base).chosen is None
+    assert choose_config([]).chosen is None
+    # a median edge inside MIN_NOISE is off however tight
+    assert choose_config([tally("a", [(40.8, 40)] * 9)]).chosen is None
 
 
 def test_a_candidate_with_nothing_accepted_is_never_chosen() -> None:
     # 1.5x with no accepted draft token is the baseline's computation measured through noise
-    base = [40.0, 40.0]
-    c = choose_config([tally("a", [(60, 40), (60, 40)], drafted=0, accepted=0)], base)
+    c = choose_config([tally("a", [(60, 40)] * 6, drafted=0, accepted=0)])
     assert c.chosen is None and "no candidate had a drafted token accepted" in c.why
-    c = choose_config([tally("a", [(60, 40), (60, 40)], drafted=30, accepted=0), tally("b", [(48, 40), (48, 40)])], base)
+    c = choose_config([tally("a", [(60, 40)] * 6, drafted=30, accepted=0), tally("b", [(48, 40)] * 6)])
     assert c.chosen is not None and c.chosen.candidate.label == "b"
 
 
-def test_noise_has_a_floor() -> None:
-    assert noise_of([40.0]) == noise_of([40.0, 40.0]) == 0.03
+@pytest.mark.parametrize("n,k", [(1, 1), (4, 1), (5, 1), (6, 1), (8, 2), (10, 2), (16, 5), (32, 11)])
+def test_median_interval_uses_the_order_statistics_that_reach_90_percent(n: int, k: int) -> None:
+    # coverage of [x(k), x(n+1-k)] is 1 - 2 P(Bin(n, 1/2) < k); k is the largest reaching 0.9
+    xs = [float(i) for i in range(1, n + 1)]
+    assert median_interval(list(reversed(xs))) == (xs[k - 1], xs[n - k])
+    import math
+    cover = 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
+    assert k == 1 or cover >= 0.9
+    if k + 1 <= n // 2:
+        assert 1 - 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n < 0.9
 
 
 def test_break_even_acceptance_from_measured_figures() -> None:
@@ -251,6 +264,8 @@ def test_next_best_is_another_kind_that_beat_off(tmp_path: Path) -> None:
     slow = replace(draft, speedup=1.01)
     assert replace(p, by_kind={"ngram": p.chosen, "draft": draft}).next_best() == draft
     assert replace(p, by_kind={"ngram": p.chosen, "draft": slow}).next_best() is None
+    wide = replace(draft, speedup_low=0.9)  # its interval reaches below off
+    assert replace(p, by_kind={"ngram": p.chosen, "draft": wide}).next_best() is None
 
 
 def test_default_workload_from_config(tmp_path: Path) -> None:

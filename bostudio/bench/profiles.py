@@ -72,6 +72,7 @@ class Measured:
     acceptance: float | None
     accept_len: float | None
     samples: int
+    speedup_low: float = 0.0  # the lower end of the median speed-up's confidence interval (tune.median_interval)
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class Profile:
     workload: str
     chosen: Measured | None  # None: speculation off (nothing beat the baseline beyond the spread)
     baseline_tok_s: float
-    noise: float  # the relative spread that counts as noise
+    noise: float  # the chosen (or best) configuration's interval half-width, relative to its median
     why: str
     break_even_acceptance: float | None
     by_kind: dict[str, Measured] = field(default_factory=dict)  # the best configuration of each kind
@@ -100,7 +101,9 @@ class Profile:
         """The best configuration of another kind than the chosen one that beat off (runtime fallback)."""
         others = [m for k, m in self.by_kind.items()
                   if self.chosen is None or m.speculator["kind"] != self.chosen.speculator["kind"]]
-        others = [m for m in others if m.speedup > 1.0 + self.noise]
+        from bostudio.bench.tune import beats_off
+
+        others = [m for m in others if beats_off(m.speedup, m.speedup_low)]
         return max(others, key=lambda m: m.tok_s, default=None)
 
     def to_json(self) -> dict:

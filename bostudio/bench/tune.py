@@ -7,6 +7,7 @@ launches llama-server through `runner.Bench`, one candidate at a time beside a b
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ from bostudio.bench.profiles import (Measured, ModelIdentity, Profile, engine_id
 from bostudio.speculation import Speculator
 
 MIN_NOISE = 0.03  # a 3% edge is within what a busy machine moves between two identical runs
+CONFIDENCE = 0.9  # of the interval around a candidate's median paired speed-up
 # Without a profile, the break-even acceptance assumed at run time: on this project's CPU measurements
 # (issue 12), n-gram speculation at ~50% acceptance ran at 0.92-0.97x of off on fresh code.
 DEFAULT_BREAK_EVEN = 0.55
@@ -98,13 +100,34 @@ class Tally:
     def tok_s(self) -> float:
         return statistics.median(s.tok_s for s in self.samples) if self.samples else 0.0
 
+    @property
+    def interval(self) -> tuple[float, float]:
+        return median_interval(self.ratios)
+
     def measured(self) -> Measured:
         drafted = sum(s.drafted for s in self.samples)
         accepted = sum(s.accepted for s in self.samples)
         r = self.ratios or [0.0]
         return Measured(self.candidate.label, speculator_to_json(self.candidate.speculator), self.tok_s,
                         self.speedup, min(r), max(r), accepted / drafted if drafted else None,
-                        accept_length(sum(s.predicted for s in self.samples), accepted), len(self.samples))
+                        accept_length(sum(s.predicted for s in self.samples), accepted), len(self.samples),
+                        self.interval[0])
+
+
+def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """A distribution-free confidence interval for the median: the order statistics x(k) and x(n+1-k)
+    with the largest k whose coverage, 1 - 2 P(Binomial(n, 1/2) < k), still reaches `confidence`; the
+    whole range when there are too few samples for that (fewer than 5 at 90%)."""
+    xs = sorted(values)
+    n = len(xs)
+    if not n:
+        return 0.0, 0.0
+    k = 1
+    for j in range(2, n // 2 + 1):
+        if 1 - 2 * sum(math.comb(n, i) for i in range(j)) / 2 ** n < confidence:
+            break
+        k = j
+    return xs[k - 1], xs[n - k]
 
 
 def halve(tallies: list[Tally]) -> list[Tally]:
@@ -113,40 +136,43 @@ def halve(tallies: list[Tally]) -> list[Tally]:
     return ranked[:max(1, (len(ranked) + 1) // 2)]
 
 
-def noise_of(baseline: Sequence[float]) -> float:
-    """The relative spread of the baseline's own samples (half the min-max range over the median)."""
-    if len(baseline) < 2:
-        return MIN_NOISE
-    med = statistics.median(baseline)
-    return max(MIN_NOISE, (max(baseline) - min(baseline)) / 2 / med) if med > 0 else MIN_NOISE
+def beats_off(speedup: float, low: float) -> bool:
+    """A paired speed-up beyond the measured spread: the lower end of its median's confidence interval
+    is above 1, and the median is more than MIN_NOISE above it."""
+    return low > 1.0 and speedup > 1.0 + MIN_NOISE
 
 
 @dataclass(frozen=True)
 class Choice:
     chosen: Tally | None  # None: off
-    noise: float
+    noise: float  # the half-width of the best candidate's interval, relative to its median speed-up
     why: str
 
 
-def choose_config(tallies: Sequence[Tally], baseline_tok_s: Sequence[float]) -> Choice:
-    """The candidate with the best measured tok/s, if its paired speed-up beats 1 by more than the noise;
-    else off. A candidate that had no draft token accepted ran the baseline's own computation plus its
-    drafting, so any edge it shows is noise: it is never chosen."""
-    noise = noise_of(baseline_tok_s)
+def choose_config(tallies: Sequence[Tally]) -> Choice:
+    """The candidate with the best measured tok/s, if its paired speed-up beats off beyond the measured
+    spread (beats_off: the spread is that of its own paired ratios, one prompt each, so it holds the
+    noise of both sides and nothing of how prompts differ from each other); else off. A candidate that
+    had no draft token accepted ran the baseline's own computation plus its drafting, so any edge it
+    shows is noise: it is never chosen."""
     measured = [t for t in tallies if t.samples]
     if not measured:
-        return Choice(None, noise, "nothing was measured: speculation off")
+        return Choice(None, MIN_NOISE, "nothing was measured: speculation off")
     measured = [t for t in measured if sum(s.accepted for s in t.samples) > 0]
     if not measured:
-        return Choice(None, noise, "tuned: off - no candidate had a drafted token accepted on this workload")
+        return Choice(None, MIN_NOISE, "tuned: off - no candidate had a drafted token accepted on this workload")
     best = max(measured, key=lambda t: (len(t.samples), t.tok_s))  # the finalists have the most samples
     m = best.measured()
+    low, high = best.interval
+    noise = max(MIN_NOISE, (high - low) / 2 / best.speedup) if best.speedup > 0 else MIN_NOISE
     acc = f", acceptance {100 * m.acceptance:.0f}%" if m.acceptance is not None else ""
-    if best.speedup > 1.0 + noise:
+    spread = (f"{100 * CONFIDENCE:.0f}% interval of the median {low:.2f}-{high:.2f}x over "
+              f"{len(best.ratios)} paired prompt(s)")
+    if beats_off(best.speedup, low):
         return Choice(best, noise, f"tuned: {best.candidate.label} ran {best.speedup:.2f}x of off "
-                                   f"({best.tok_s:.1f} tok/s{acc}), beyond the measured spread of {100 * noise:.0f}%")
-    return Choice(None, noise, f"tuned: off - the best, {best.candidate.label}, ran {best.speedup:.2f}x of off{acc}, "
-                               f"not beyond the measured spread of {100 * noise:.0f}%")
+                                   f"({best.tok_s:.1f} tok/s{acc}; {spread}), beyond the measured spread")
+    return Choice(None, noise, f"tuned: off - the best, {best.candidate.label}, ran {best.speedup:.2f}x of off{acc} "
+                               f"({spread}): not beyond the measured spread")
 
 
 def break_even_acceptance(baseline_tok_s: float, m: Measured) -> float | None:
@@ -244,7 +270,7 @@ def run_tune(model_path: Path, engine, workload: str, tasks, budget_s: float, to
             variant += per_round
             alive = halve(measured_this_round)
             per_round *= 2
-    choice = choose_config(pool, baseline_tok)
+    choice = choose_config(pool)
     base_med = statistics.median(baseline_tok) if baseline_tok else 0.0
     chosen = choice.chosen.measured() if choice.chosen else None
     ident = ModelIdentity.of(model_path)
