@@ -32,6 +32,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.plot and Path(args.plot).suffix.lower() != ".png":
         from bostudio.errors import ConfigError
         raise ConfigError(f"--plot writes a PNG, and {args.plot} does not end in .png", "e.g. --plot bench.png")
+    if args.plot:  # before the run: a missing matplotlib found after an hour of measuring loses the hour
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            from bostudio.errors import ConfigError
+            raise ConfigError("--plot needs matplotlib, which is not installed",
+                              "pip install 'bostudio[plot]' (or pip install matplotlib), or leave out --plot")
     rows, projection, doc = run_bench(opts, _progress, _note)
     if args.plot:
         out = report.plot(rows, Path(args.plot), f"{doc['model']} - {doc['engine']} - {doc['runs']} run(s)")
