@@ -299,7 +299,8 @@ def test_an_output_too_large_for_any_worker_is_pinned_to_the_host(workers: list[
     assert proc.returncode == 0, proc.stderr
     p = json.loads(proc.stdout)
     o = p["with_speculation"]
-    assert o["output_on_host"] and o["n_gpu_layers"] == info.n_block + 1
+    # the layers go to the workers (as many as their budgets hold with KV and compute), the output stays
+    assert o["output_on_host"] and o["n_gpu_layers"] >= info.n_layer // 2
     assert all(s["layers"] > 0 for s in o["split"])
     args = p["llama_args"]
     assert args[args.index("-ot") + 1] == r"^(output|token_embd)\.weight$=CPU"
