@@ -29,14 +29,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     opts = BenchOptions(model=args.model, workloads=workloads, spec=args.spec, ctx=args.ctx, runs=args.runs,
                         tokens=args.tokens, repeat=args.repeat, turns=args.turns,
                         tokens_per_turn=args.tokens_per_turn, engine=args.engine)
-    if args.plot and Path(args.plot).suffix.lower() != ".png":
-        from bostudio.errors import ConfigError
-        raise ConfigError(f"--plot writes a PNG, and {args.plot} does not end in .png", "e.g. --plot bench.png")
-    if args.plot:  # before the run: a missing matplotlib found after an hour of measuring loses the hour
+    if args.plot:  # checked before the run: found after an hour of measuring, a bad --plot would lose the hour
         import importlib.util
 
+        from bostudio.errors import ConfigError
+        if Path(args.plot).suffix.lower() != ".png":
+            raise ConfigError(f"--plot writes a PNG, and {args.plot} does not end in .png", "e.g. --plot bench.png")
         if importlib.util.find_spec("matplotlib") is None:
-            from bostudio.errors import ConfigError
             raise ConfigError("--plot needs matplotlib, which is not installed",
                               "pip install 'bostudio[plot]' (or pip install matplotlib), or leave out --plot")
     rows, projection, doc = run_bench(opts, _progress, _note)

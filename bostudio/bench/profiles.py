@@ -59,6 +59,15 @@ def speculator_from_json(d: dict, reason: str = "") -> Speculator:
                       reason)
 
 
+MIN_NOISE = 0.03  # a 3% edge is within what a busy machine moves between two identical runs
+
+
+def beats_off(speedup: float, low: float) -> bool:
+    """A paired speed-up beyond the measured spread: the lower end of its median's confidence interval
+    (tune.median_interval) is above 1, and the median is more than MIN_NOISE above it."""
+    return low > 1.0 and speedup > 1.0 + MIN_NOISE
+
+
 @dataclass(frozen=True)
 class Measured:
     """One configuration's figures from the sweep."""
@@ -101,8 +110,6 @@ class Profile:
         """The best configuration of another kind than the chosen one that beat off (runtime fallback)."""
         others = [m for k, m in self.by_kind.items()
                   if self.chosen is None or m.speculator["kind"] != self.chosen.speculator["kind"]]
-        from bostudio.bench.tune import beats_off
-
         others = [m for m in others if beats_off(m.speedup, m.speedup_low)]
         return max(others, key=lambda m: m.tok_s, default=None)
 

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bostudio.bench.measure import OFF, Sample, accept_length
-from bostudio.bench.profiles import (Measured, ModelIdentity, Profile, engine_identity, save_profile,
-                                     speculator_to_json)
+from bostudio.bench.profiles import (MIN_NOISE, Measured, ModelIdentity, Profile, beats_off, engine_identity,
+                                     save_profile, speculator_to_json)
 from bostudio.speculation import Speculator
 
-MIN_NOISE = 0.03  # a 3% edge is within what a busy machine moves between two identical runs
 CONFIDENCE = 0.9  # of the interval around a candidate's median paired speed-up
 # Without a profile, the break-even acceptance assumed at run time: on this project's CPU measurements
 # (issue 12), n-gram speculation at ~50% acceptance ran at 0.92-0.97x of off on fresh code.
@@ -134,12 +133,6 @@ def halve(tallies: list[Tally]) -> list[Tally]:
     """Successive halving: keep the better half by paired speed-up (at least one)."""
     ranked = sorted(tallies, key=lambda t: t.speedup, reverse=True)
     return ranked[:max(1, (len(ranked) + 1) // 2)]
-
-
-def beats_off(speedup: float, low: float) -> bool:
-    """A paired speed-up beyond the measured spread: the lower end of its median's confidence interval
-    is above 1, and the median is more than MIN_NOISE above it."""
-    return low > 1.0 and speedup > 1.0 + MIN_NOISE
 
 
 @dataclass(frozen=True)

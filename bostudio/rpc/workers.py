@@ -117,17 +117,19 @@ def workers_from_config(path: Path | None = None) -> tuple[Worker, ...]:
                                   f"did you mean `{near[0]}`?" if near else f"valid keys: {', '.join(_KEYS)}")
         if not isinstance(t.get("host"), str):
             raise ConfigError(f"{where}: needs host = \"ADDRESS\"", 'e.g. host = "192.168.1.20"')
-        budget = t.get("budget_mib")
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
-            raise ConfigError(f"{where}: budget_mib must be a positive whole number of MiB, not {budget!r}",
-                              "e.g. budget_mib = 20000")
-        link = t.get("link_mbit")
-        if link is not None and (isinstance(link, bool) or not isinstance(link, int) or link <= 0):
-            raise ConfigError(f"{where}: link_mbit must be a positive whole number of Mbit/s, not {link!r}",
-                              "e.g. link_mbit = 1000 for Gigabit Ethernet, 10000 for 10 GbE")
+        budget = _positive(t, "budget_mib", "MiB", "e.g. budget_mib = 20000", where)
+        link = _positive(t, "link_mbit", "Mbit/s", "e.g. link_mbit = 1000 for Gigabit Ethernet, 10000 for 10 GbE", where)
         out.append(Worker(_check_host(t["host"], where), _check_port(t.get("port", DEFAULT_PORT), where), budget,
                           link))
     return _unique(out, str(path))
+
+
+def _positive(table: dict, key: str, unit: str, example: str, where: str) -> int | None:
+    """An optional positive whole number from a [[rpc]] table."""
+    value = table.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise ConfigError(f"{where}: {key} must be a positive whole number of {unit}, not {value!r}", example)
+    return value
 
 
 def select_workers(cli_value: str | None, config: tuple[Worker, ...]) -> tuple[Worker, ...]:
