@@ -120,7 +120,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="code | edit | chat | a prompt FILE; repeat or comma-separate (default: code,edit,chat)")
     p.add_argument("--spec", default=None, metavar="LIST",
                    help="comma-separated configurations besides off: ngram-simple, ngram-map-k, ngram-map-k4v, "
-                        "ngram-mod, ngram-cache, auto[@WORKLOAD] (as `up --workload` runs it: the tuned profile), mtp, "
+                        "ngram-mod, ngram-cache, auto[@WORKLOAD] (as `up --workload` runs it: the tuned profile), "
+                        "sweep@WORKLOAD[:N] (the N best of that workload's tuned sweep, default 3), mtp, "
                         "self-draft[:QUANT], draft:PATH (default: every "
                         "n-gram variant, plus mtp when the model has the head)")
     p.add_argument("--ctx", default=None, metavar="LIST",

@@ -116,6 +116,31 @@ def test_tune_picks_the_best_of_its_own_sweep_or_off(tuned) -> None:
     # paired with off on the same prompts: as many baseline samples as candidate samples
     assert len(out["baseline_tok_s"]) == sum(m["samples"] for m in sweep)
     assert "tune: round 1:" in tuned["stderr"]
+    # the profile keeps the sweep's order: the furthest first, each group by tok/s
+    ranked = sorted(sweep, key=lambda m: (m["samples"], m["tok_s"]), reverse=True)
+    assert [m["label"] for m in p["ranking"]] == [m["label"] for m in ranked][:len(p["ranking"])]
+    assert 1 <= len(p["ranking"]) <= 8
+
+
+def test_bench_runs_auto_beside_the_sweep_it_was_chosen_from(tuned, gemma_gguf: Path) -> None:
+    # the goal's comparison in one run: auto@edit (as `up --workload edit` runs it) and the sweep's two best
+    proc = subprocess.run([sys.executable, "-m", "bostudio", "bench", str(gemma_gguf), "--json", "--runs", "1",
+                           "--tokens", "12", "--workload", "edit", "--spec", "auto@edit,sweep@edit:2"],
+                          capture_output=True, text=True, env=_env(tuned["tmp"]), timeout=BENCH_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    p, ranking = tuned["out"]["profile"], tuned["out"]["profile"]["ranking"]
+    labels = list(doc["configs"])
+    assert labels[0] == "off" and labels[1].startswith("auto@edit(")
+    assert labels[2:] == [f"sweep@edit#{i + 1}({m['label']})" for i, m in enumerate(ranking[:2])]
+    assert {r["config"] for r in doc["results"]} == set(labels)
+    # the sweep's #1 is the chosen configuration: auto runs the very same llama-server flags
+    argv = {k: v["argv"] for k, v in doc["configs"].items()}
+    if p["chosen"] is not None:
+        assert ranking[0]["label"] == p["chosen"]["label"]
+        assert argv[labels[1]] == argv[labels[2]]
+    else:
+        assert argv[labels[1]][argv[labels[1]].index("--spec-type") + 1] == "none"
 
 
 def test_up_launches_with_the_tuned_profile(tuned, gemma_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:

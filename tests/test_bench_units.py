@@ -15,7 +15,7 @@ import pytest
 from bostudio.bench import profiles
 from bostudio.bench.measure import OFF, Sample, accept_length, project, report_json, summarise
 from bostudio.bench.tune import (DEFAULT_BREAK_EVEN, Candidate, Tally, break_even_acceptance, candidates,
-                                 choose_config, halve, median_interval)
+                                 choose_config, halve, median_interval, ranking, round_prompts)
 from bostudio.bench.workloads import SHIPPED, WORKLOADS, filler_code, resolve_workloads
 from bostudio.daemon import policy
 from bostudio.daemon.stats import InstanceStats
@@ -148,11 +148,38 @@ def tally(label: str, pairs: list[tuple[float, float]], drafted: int = 40, accep
     return t
 
 
-def test_halving_keeps_the_better_half_by_paired_ratio() -> None:
+def test_halving_keeps_the_better_half_by_median_tok_s() -> None:
     ts = [tally("a", [(40, 40)]), tally("b", [(60, 40)]), tally("c", [(30, 40)]), tally("d", [(50, 40)]),
           tally("e", [(45, 40)])]
     assert [t.candidate.label for t in halve(ts)] == ["b", "d", "e"]
     assert [t.candidate.label for t in halve(ts[:1])] == ["a"]
+    # the figure bench ranks by (the ratio of the medians), not the median of the paired ratios: "f" wins two
+    # prompts by 20% and loses the median one by 15% (0.9x as bench reports it); "g" wins all three by 10%
+    f = tally("f", [(34, 40), (36, 30), (72, 60)])
+    g = tally("g", [(44, 40), (33, 30), (66, 60)])
+    assert f.speedup > g.speedup and [t.candidate.label for t in halve([f, g])] == ["g"]
+
+
+@pytest.mark.parametrize("round_no,costs,left,expected", [
+    (1, None, 0.0, 3),             # round 1 always runs, one prompt per task
+    (2, [2.0, 2.0], 1000.0, 6),    # then twice as many each round
+    (3, [2.0, 2.0], 1000.0, 12),
+    (3, [2.0, 2.0], 40.0, 9),      # what fits: whole sets of the 3 tasks (10 prompts fit: 9)
+    (3, [2.0, 2.0], 11.0, 0),      # not one set: stop, never halfway through a round
+    (2, [0.0], 5.0, 6),
+])
+def test_round_prompts_weighs_every_task_and_stays_in_the_budget(round_no, costs, left, expected) -> None:
+    assert round_prompts(round_no, 3, costs, left) == expected
+
+
+def test_ranking_puts_the_furthest_candidates_first_then_by_tok_s() -> None:
+    final_slow = tally("final-slow", [(45, 40)] * 4)
+    final_fast = tally("final-fast", [(50, 40)] * 4)
+    early_fast = tally("early-fast", [(80, 40)] * 2)
+    unmeasured = Tally(Candidate("none", Speculator("ngram", ("ngram-mod",))))
+    order = ranking([early_fast, final_slow, unmeasured, final_fast])
+    assert [t.candidate.label for t in order] == ["final-fast", "final-slow", "early-fast"]
+    assert choose_config([early_fast, final_slow, final_fast]).chosen is final_fast
 
 
 def test_choice_is_off_when_nothing_beats_the_baseline_beyond_the_spread() -> None:
@@ -266,6 +293,45 @@ def test_next_best_is_another_kind_that_beat_off(tmp_path: Path) -> None:
     assert replace(p, by_kind={"ngram": p.chosen, "draft": slow}).next_best() is None
     wide = replace(draft, speedup_low=0.9)  # its interval reaches below off
     assert replace(p, by_kind={"ngram": p.chosen, "draft": wide}).next_best() is None
+
+
+def test_profile_keeps_the_sweep_ranking_and_bench_runs_it(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from bostudio.bench.runner import resolve_configs
+    from bostudio.gguf import describe
+    from tests.gguf_factory import tiny_llama
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    model = tiny_llama(tmp_path / "m.gguf")
+    eng = fake_engine(tmp_path)
+    ranked = [tally(label, [(50 - i, 40)]).measured() for i, label in enumerate(["ngram-mod", "ngram-simple",
+                                                                                "ngram-map-k size_n=6 size_m=16"])]
+    ranked[2] = replace(ranked[2], speculator={**ranked[2].speculator, "spec_types": ["ngram-map-k"],
+                                               "ngram_params": [["ngram-map-k", "size_n", 6]]})
+    p = replace(make_profile(model, eng, "edit", time.time() + 5), ranking=ranked)
+    profiles.save_profile(p)
+    assert profiles.find_profile(model, eng, "edit").profile.ranking == ranked
+    info = describe(model)
+    configs = resolve_configs("sweep@edit", info, eng, 4096, lambda m: None)
+    assert [c.label for c in configs] == ["sweep@edit#1(ngram-mod)", "sweep@edit#2(ngram-simple)",
+                                          "sweep@edit#3(ngram-map-k size_n=6 size_m=16)"]
+    assert configs[2].speculator.ngram_params == (("ngram-map-k", "size_n", 6),)
+    assert len(resolve_configs("sweep@edit:1", info, eng, 4096, lambda m: None)) == 1
+    with pytest.raises(ConfigError, match="not a number of configurations"):
+        resolve_configs("sweep@edit:x", info, eng, 4096, lambda m: None)
+    with pytest.raises(ConfigError, match="no profile of workload 'chat'") as err:
+        resolve_configs("sweep@chat", info, eng, 4096, lambda m: None)
+    assert "bostudio tune MODEL --workload chat" in err.value.hint
+    # a profile written before the ranking existed reads back with an empty one, and bench says to re-tune
+    old = json.loads(profiles.profile_path(profiles.ModelIdentity.of(model), profiles.engine_identity(eng),
+                                           "edit").read_text())
+    del old["ranking"]
+    profiles.profile_path(profiles.ModelIdentity.of(model), profiles.engine_identity(eng),
+                          "edit").write_text(json.dumps(old))
+    assert profiles.find_profile(model, eng, "edit").profile.ranking == []
+    with pytest.raises(ConfigError, match="ranked sweep"):
+        resolve_configs("sweep@edit", info, eng, 4096, lambda m: None)
 
 
 def test_default_workload_from_config(tmp_path: Path) -> None:

@@ -99,6 +99,7 @@ class Profile:
     by_kind: dict[str, Measured] = field(default_factory=dict)  # the best configuration of each kind
     created: float = 0.0
     version: int = VERSION
+    ranking: list[Measured] = field(default_factory=list)  # the sweep's best configurations, best first
 
     @property
     def speculator(self) -> Speculator:
@@ -123,6 +124,7 @@ class Profile:
         d = dict(d)
         d["chosen"] = m(d.get("chosen"))
         d["by_kind"] = {k: Measured(**v) for k, v in d.get("by_kind", {}).items()}
+        d["ranking"] = [Measured(**v) for v in d.get("ranking", [])]
         return Profile(**d)
 
 

@@ -82,6 +82,31 @@ def resolve_config(name: str, info: ModelInfo, engine: Engine, ctx: int, note: P
     return BenchConfig(sp.label, sp)
 
 
+def resolve_configs(name: str, info: ModelInfo, engine: Engine, ctx: int, note: Progress) -> list[BenchConfig]:
+    """A --spec name to its configurations: one (resolve_config), or for `sweep@WORKLOAD[:N]` the N best
+    (default 3) of that workload's tuned sweep, as the profile ranked them, so that `auto@WORKLOAD` runs beside
+    the configurations it was chosen from, on the same fresh prompts."""
+    if name != "sweep" and not name.startswith("sweep@"):
+        return [resolve_config(name, info, engine, ctx, note)]
+    from bostudio.bench.profiles import find_profile, speculator_from_json
+
+    workload, _, count = name.partition("@")[2].partition(":")
+    workload = workload or default_workload(model_name(info.path))
+    try:
+        n = int(count) if count else 3
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ConfigError(f"--spec {name}: {count!r} is not a number of configurations", "e.g. sweep@code:3")
+    found = find_profile(info.path, engine, workload)
+    if found.profile is None or not found.profile.ranking:
+        why = found.note or f"no profile of workload {workload!r} with a ranked sweep at {found.path}"
+        raise ConfigError(f"--spec {name}: {why}", f"run `bostudio tune MODEL --workload {workload}` first")
+    return [BenchConfig(f"sweep@{workload}#{i + 1}({m.label})",
+                        speculator_from_json(m.speculator, f"tuned sweep of {workload}, #{i + 1}: {m.label}"))
+            for i, m in enumerate(found.profile.ranking[:n])]
+
+
 @dataclass
 class _Server:
     config: BenchConfig

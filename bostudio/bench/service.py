@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bostudio.bench import measure
-from bostudio.bench.runner import Bench, Plan, config_names, parse_ctx_list, resolve_config, run, sweep_fits
+from bostudio.bench.runner import Bench, Plan, config_names, parse_ctx_list, resolve_configs, run, sweep_fits
 from bostudio.bench.workloads import resolve_workloads
 from bostudio.catalog.resolve import model_name, resolve_model
 from bostudio.engine.discover import find_engine
@@ -58,7 +58,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[int, int, str], None],
                 raise
             note(f"context {sweep[-1]} does not fit this machine ({exc.message}): left out of the sweep")
             sweep = sweep[:-1]
-    configs = [resolve_config(n, info, engine, ctx, note) for n in config_names(opts.spec, engine, info)]
+    configs = [c for n in config_names(opts.spec, engine, info) for c in resolve_configs(n, info, engine, ctx, note)]
     plan = Plan(workloads, opts.runs, tuple(sweep), opts.tokens, opts.repeat, len(configs))
     with Bench(info, engine, configs, ctx, note) as bench:
         samples = run(bench, plan, progress)

@@ -23,6 +23,10 @@ CONFIDENCE = 0.9  # of the interval around a candidate's median paired speed-up
 # Without a profile, the break-even acceptance assumed at run time: on this project's CPU measurements
 # (issue 12), n-gram speculation at ~50% acceptance ran at 0.92-0.97x of off on fresh code.
 DEFAULT_BREAK_EVEN = 0.55
+# Tune's prompts start here, far from the variants `bench` uses (run number + 31 x task), so that a bench after
+# a tune measures the chosen configuration on prompts the choice did not see.
+TUNE_VARIANT = 1000
+RANKED = 8  # the sweep's best configurations kept in the profile (`bench --spec sweep@WORKLOAD`)
 
 
 @dataclass(frozen=True)
@@ -130,9 +134,33 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
 
 
 def halve(tallies: list[Tally]) -> list[Tally]:
-    """Successive halving: keep the better half by paired speed-up (at least one)."""
-    ranked = sorted(tallies, key=lambda t: t.speedup, reverse=True)
+    """Successive halving: keep the better half by median tok/s (at least one). The survivors of a round have
+    run the same prompts, so their tok/s compare like for like, and it is the figure `bench` ranks by (its
+    speed-up is the ratio of the medians)."""
+    ranked = sorted(tallies, key=lambda t: t.tok_s, reverse=True)
     return ranked[:max(1, (len(ranked) + 1) // 2)]
+
+
+def round_prompts(round_no: int, n_tasks: int, pair_costs: Sequence[float] | None, left_s: float) -> int:
+    """How many prompts each survivor runs in round `round_no` (1-based): one per task of the workload,
+    doubling every round (successive halving), so that each round weighs every task alike; when the whole
+    round does not fit in `left_s` at the survivors' measured cost per prompt pair, as many whole sets of
+    tasks as fit; 0 when not even one set fits (the sweep stops there, never halfway through a round).
+    `pair_costs` is None before anything was measured (round 1 always runs)."""
+    want = n_tasks * 2 ** (round_no - 1)
+    if pair_costs is None:
+        return want
+    per_prompt = sum(pair_costs)
+    if per_prompt <= 0:
+        return want
+    fits = int(left_s // per_prompt)
+    return min(want, fits - fits % n_tasks)
+
+
+def ranking(tallies: Sequence[Tally]) -> list[Tally]:
+    """The sweep's order: the candidates that went furthest first (they ran the most prompts, the same ones),
+    each group by median tok/s."""
+    return sorted((t for t in tallies if t.samples), key=lambda t: (len(t.samples), t.tok_s), reverse=True)
 
 
 @dataclass(frozen=True)
@@ -154,7 +182,7 @@ def choose_config(tallies: Sequence[Tally]) -> Choice:
     measured = [t for t in measured if sum(s.accepted for s in t.samples) > 0]
     if not measured:
         return Choice(None, MIN_NOISE, "tuned: off - no candidate had a drafted token accepted on this workload")
-    best = max(measured, key=lambda t: (len(t.samples), t.tok_s))  # the finalists have the most samples
+    best = ranking(measured)[0]  # the finalists have the most samples
     m = best.measured()
     low, high = best.interval
     noise = max(MIN_NOISE, (high - low) / 2 / best.speedup) if best.speedup > 0 else MIN_NOISE
@@ -183,12 +211,8 @@ def break_even_acceptance(baseline_tok_s: float, m: Measured) -> float | None:
 
 def best_by_kind(tallies: Sequence[Tally]) -> dict[str, Measured]:
     out: dict[str, Tally] = {}
-    for t in tallies:
-        if not t.samples:
-            continue
-        k = t.candidate.speculator.kind
-        if k not in out or (len(t.samples), t.tok_s) > (len(out[k].samples), out[k].tok_s):
-            out[k] = t
+    for t in ranking(tallies):
+        out.setdefault(t.candidate.speculator.kind, t)
     return {k: t.measured() for k, t in out.items()}
 
 
@@ -206,9 +230,10 @@ class TuneResult:
 
 def run_tune(model_path: Path, engine, workload: str, tasks, budget_s: float, tokens: int | None,  # type: ignore[no-untyped-def]
              draft: Path | None, progress: Callable[[str], None]) -> TuneResult:
-    """Successive halving within `budget_s`: every survivor is measured on fresh prompts, each paired with the
-    baseline on the same prompt; the better half goes on, on twice as many prompts, until one is left or the
-    budget is spent. Saves and returns the profile."""
+    """Successive halving within `budget_s`: every survivor of a round runs the same fresh prompts, one per
+    task of the workload (then twice as many each round), each paired with the baseline on the same prompt;
+    the better half goes on, until one is left or the next round does not fit in the budget. Saves and
+    returns the profile."""
     from bostudio.bench.runner import Bench, BenchConfig
     from bostudio.gguf import describe
 
@@ -216,31 +241,37 @@ def run_tune(model_path: Path, engine, workload: str, tasks, budget_s: float, to
     started = time.monotonic()
     ctx = 4096
     pool = [Tally(c) for c in candidates(engine.spec_types, info.has_mtp, draft)]
+    cost: dict[str, float] = {}  # seconds per prompt pair (candidate + baseline), per candidate
     baseline_tok: list[float] = []
-    variant = 0
-    per_round = 1
+    served = 0  # prompts handed out so far: every prompt of the sweep is a different one
     rounds = 0
     off = BenchConfig(OFF, Speculator("none", reason="baseline"))
     with Bench(info, engine, [off], ctx, progress) as base:
-        cost_per_pair: float | None = None
         alive = pool
         while alive:
+            left = budget_s - (time.monotonic() - started)
+            per_round = round_prompts(rounds + 1, len(tasks), [cost[t.candidate.label] for t in alive]
+                                      if rounds else None, left)
+            if per_round == 0:
+                progress(f"budget: {budget_s - left:.0f} of {budget_s:.0f} s spent; round {rounds + 1} "
+                         f"({len(alive)} candidate(s)) does not fit, the sweep stops at round {rounds}")
+                break
             rounds += 1
             progress(f"round {rounds}: {len(alive)} candidate(s) x {per_round} prompt(s)")
+            prompts = [(tasks[i % len(tasks)], TUNE_VARIANT + served + i) for i in range(per_round)]
+            served += per_round
             measured_this_round = []
             for t in alive:
-                spent = time.monotonic() - started
-                left = budget_s - spent
-                if cost_per_pair is not None and left < cost_per_pair * per_round:
-                    progress(f"budget: {spent:.0f} of {budget_s:.0f} s spent, stopping the sweep")
-                    alive = []
+                if rounds == 1 and cost and time.monotonic() - started + max(cost.values()) * per_round > budget_s:
+                    # round 1 may stop early: the candidates measured so far ran the same prompts
+                    progress(f"budget: {time.monotonic() - started:.0f} of {budget_s:.0f} s spent in round 1; "
+                             f"{len(alive) - len(measured_this_round)} candidate(s) left unmeasured")
                     break
                 t0 = time.monotonic()
                 with Bench(info, engine, [BenchConfig(t.candidate.label, t.candidate.speculator)], ctx,
                            progress) as cand:
-                    for i in range(per_round):
-                        task = tasks[(variant + i) % len(tasks)]
-                        prompt = task.prompt(variant + i + 7 * rounds)
+                    for task, variant in prompts:
+                        prompt = task.prompt(variant)
                         n = tokens or task.tokens
                         pid = len(t.samples)
                         # the baseline and the candidate alternate who goes first (drift hits both alike)
@@ -253,23 +284,20 @@ def run_tune(model_path: Path, engine, workload: str, tasks, budget_s: float, to
                         t.baseline.append(b)
                         t.samples.append(s)
                         baseline_tok.append(b.tok_s)
-                pair_cost = (time.monotonic() - t0) / per_round
-                cost_per_pair = pair_cost if cost_per_pair is None else max(cost_per_pair, pair_cost)
+                cost[t.candidate.label] = (time.monotonic() - t0) / per_round
                 measured_this_round.append(t)
                 progress(f"  {t.candidate.label}: {t.tok_s:.1f} tok/s, {t.speedup:.2f}x of off "
                          f"({time.monotonic() - started:.0f}/{budget_s:.0f} s)")
-            if not alive or len(measured_this_round) <= 1:
+            if len(measured_this_round) <= 1:
                 break
-            variant += per_round
             alive = halve(measured_this_round)
-            per_round *= 2
     choice = choose_config(pool)
     base_med = statistics.median(baseline_tok) if baseline_tok else 0.0
     chosen = choice.chosen.measured() if choice.chosen else None
     ident = ModelIdentity.of(model_path)
     profile = Profile(ident.name, ident.size, ident.mtime, engine_identity(engine), workload, chosen, base_med,
                       choice.noise, choice.why, break_even_acceptance(base_med, chosen) if chosen else None,
-                      best_by_kind(pool), time.time())
+                      best_by_kind(pool), time.time(), ranking=[t.measured() for t in ranking(pool)[:RANKED]])
     path = save_profile(profile)
     return TuneResult(profile, path, tuple(pool), tuple(baseline_tok), rounds, time.monotonic() - started)
 
