@@ -232,8 +232,9 @@ def run_tune(model_path: Path, engine, workload: str, tasks, budget_s: float, to
              draft: Path | None, progress: Callable[[str], None]) -> TuneResult:
     """Successive halving within `budget_s`: every survivor of a round runs the same fresh prompts, one per
     task of the workload (then twice as many each round), each paired with the baseline on the same prompt;
-    the better half goes on, until one is left or the next round does not fit in the budget. Saves and
-    returns the profile."""
+    the better half goes on, until one is left (it runs one more round against off, which narrows the
+    interval the off-or-not rule reads) or the next round does not fit in the budget. Saves and returns the
+    profile."""
     from bostudio.bench.runner import Bench, BenchConfig
     from bostudio.gguf import describe
 
