@@ -67,6 +67,13 @@ class Speculator:
     def label(self) -> str:
         return ",".join(self.spec_types) if self.spec_types else "off"
 
+    @property
+    def detail(self) -> str:
+        """The label with the parameters set beside llama.cpp's defaults, e.g. `ngram-simple size_n=6`."""
+        params = [f"{name}={value}" for _, name, value in self.ngram_params]
+        params += [f"{k}={v:g}" for k, v in (("n_max", self.n_max), ("p_min", self.p_min)) if v is not None]
+        return " ".join([self.label, *params])
+
 
 def parse_spec(value: str) -> SpecRequest:
     v = value.strip()

@@ -8,7 +8,7 @@ import pytest
 
 from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.errors import ConfigError, EngineError
-from bostudio.speculation import SpecRequest, choose_speculator, parse_spec
+from bostudio.speculation import SpecRequest, Speculator, choose_speculator, parse_spec
 
 ALL = ("none", "draft-simple", "draft-mtp", "ngram-mod")
 
@@ -30,6 +30,19 @@ def test_parse_spec_rejects(value: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_spec(value)
     assert err.value.hint
+
+
+@pytest.mark.parametrize("sp,expected", [
+    (Speculator("none"), "off"),
+    (Speculator("ngram", ("ngram-simple",),
+                ngram_params=(("ngram-simple", "size_n", 6), ("ngram-simple", "size_m", 16))),
+     "ngram-simple size_n=6 size_m=16"),
+    (Speculator("draft", ("draft-simple",), Path("d.gguf"), n_max=3, p_min=0.5), "draft-simple n_max=3 p_min=0.5"),
+    (Speculator("mtp", ("draft-mtp",), n_max=2), "draft-mtp n_max=2"),
+])
+def test_detail_names_the_parameters_beside_the_defaults(sp: Speculator, expected: str) -> None:
+    # what bench labels auto@WORKLOAD with: two tuned n-gram configurations of one type read apart
+    assert sp.detail == expected
 
 
 @pytest.mark.parametrize("mode, n_nextn, types, kind", [

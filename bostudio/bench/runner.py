@@ -73,7 +73,7 @@ def resolve_config(name: str, info: ModelInfo, engine: Engine, ctx: int, note: P
         # auto as `up` runs it: the tuned profile of the workload (after @, else the configured default)
         workload = name.partition("@")[2] or default_workload(model_name(info.path))
         sp = choose(info, SpecRequest("auto"), engine, ctx, workload=workload)[0].speculator
-        return BenchConfig(f"auto@{workload}({sp.label})", sp)
+        return BenchConfig(f"auto@{workload}({sp.detail})", sp)
     request = parse_spec(name)
     sp = choose(info, request, engine, ctx)[0].speculator
     if request.mode == "draft":
