@@ -54,7 +54,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from bostudio.bench.tune import run_tune
+    from bostudio.bench.tune import ranking, run_tune
     from bostudio.bench.workloads import resolve_workloads
     from bostudio.catalog.resolve import resolve_model
     from bostudio.engine.discover import find_engine
@@ -92,8 +92,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(f"workload {p.workload}: {p.why}")
         print(f"  baseline (off): {p.baseline_tok_s:.1f} tok/s median over {len(r.baseline)} paired runs; "
               f"the best's interval +/-{100 * p.noise:.0f}%; {r.rounds} round(s) in {r.elapsed_s:.0f} s")
-        ranked = sorted((t for t in r.tallies if t.samples), key=lambda t: (-len(t.samples), -t.tok_s))
-        for t in ranked:
+        for t in ranking(r.tallies):
             m = t.measured()
             acc = f"{100 * m.acceptance:.0f}%" if m.acceptance is not None else "-"
             mark = "*" if p.chosen and m.label == p.chosen.label else " "
@@ -145,6 +144,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="find the speculator and parameters that pay for a model and workload",
                        description="Sweep the available speculators and their parameters (n-gram types and sizes, "
                                    "draft n_max 1-8 and p_min, MTP n_max, n-gram + draft) by successive halving "
+                                   "(each round one prompt per task of the workload, doubling; whole rounds only) "
                                    "within --budget-s, each candidate paired with off on the same prompts. Picks "
                                    "the best measured tok/s; chooses off when nothing beats off beyond the "
                                    "measured spread (the 90% interval of its median paired speed-up must lie "

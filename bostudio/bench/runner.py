@@ -71,7 +71,7 @@ def resolve_config(name: str, info: ModelInfo, engine: Engine, ctx: int, note: P
         return BenchConfig(f"self-draft:{quant}", replace(sp, n_max=sp.n_max or DRAFT_N_MAX))
     if name == "auto" or name.startswith("auto@"):
         # auto as `up` runs it: the tuned profile of the workload (after @, else the configured default)
-        workload = name.partition("@")[2] or default_workload(model_name(info.path))
+        workload = _workload(name.partition("@")[2], info)
         sp = choose(info, SpecRequest("auto"), engine, ctx, workload=workload)[0].speculator
         return BenchConfig(f"auto@{workload}({sp.detail})", sp)
     request = parse_spec(name)
@@ -80,6 +80,11 @@ def resolve_config(name: str, info: ModelInfo, engine: Engine, ctx: int, note: P
         assert request.draft is not None
         return BenchConfig(f"draft-simple:{request.draft.name}", sp)
     return BenchConfig(sp.label, sp)
+
+
+def _workload(named: str, info: ModelInfo) -> str:
+    """The workload after `@` in a --spec name, else the model's configured default (as `up` uses)."""
+    return named or default_workload(model_name(info.path))
 
 
 def resolve_configs(name: str, info: ModelInfo, engine: Engine, ctx: int, note: Progress) -> list[BenchConfig]:
@@ -91,7 +96,7 @@ def resolve_configs(name: str, info: ModelInfo, engine: Engine, ctx: int, note: 
     from bostudio.bench.profiles import find_profile, speculator_from_json
 
     workload, _, count = name.partition("@")[2].partition(":")
-    workload = workload or default_workload(model_name(info.path))
+    workload = _workload(workload, info)
     try:
         n = int(count) if count else 3
     except ValueError:
