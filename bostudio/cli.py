@@ -217,21 +217,24 @@ def _resolve_model(name: str):  # type: ignore[no-untyped-def]
 def cmd_plan(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from bostudio.bench.profiles import default_workload
+    from bostudio.catalog.resolve import model_name
+    from bostudio.daemon.capabilities import model_caps
     from bostudio.engine.discover import find_engine
     from bostudio.errors import ConfigError
-    from bostudio.gguf import describe
     from bostudio.hardware import load_devices_file
-    from bostudio.pairing.pair import choose
-    from bostudio.planner import Intent, plan
+    from bostudio.launch import LaunchIntent, gather, view
     from bostudio.planner.memory import GIB, cache_type
     from bostudio.planner.render import plan_json, render_plan
-    from bostudio.pairing.pair import self_draft_info
-    from bostudio.speculation import DRAFT_N_MAX, Speculator, parse_spec
+    from bostudio.rpc.probe import Pool
+    from bostudio.speculation import parse_spec
 
     model = _resolve_model(args.model)
     cache_type(args.cache_type)
-    cache_type(args.draft_cache_type)
+    if args.draft_cache_type is not None:
+        cache_type(args.draft_cache_type)
     problems: tuple[str, ...] = ()
+    pool = Pool()
     if args.devices_file:
         if args.rpc:
             raise ConfigError("--rpc and --devices-file do not go together",
@@ -241,46 +244,64 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         devices, _problems, engine = _local_devices(args.engine)
         engine = engine or find_engine(args.engine)  # raises with what to do when there is none
-        pool_devices, problems = _pool(args.engine, args.rpc)
-        devices += pool_devices
+        pool = _rpc_pool(engine, args.rpc)
+        problems = tuple(f"{p}; planned without it" for p in pool.problems)
     if args.device:
         wanted = {w.strip() for w in args.device.split(",") if w.strip()}
-        picked = tuple(d for d in devices if not d.is_gpu or d.label in wanted or d.name in wanted)
+        picked = tuple(d for d in tuple(devices) + pool.devices if not d.is_gpu or d.label in wanted or d.name in wanted)
         missing = wanted - {d.label for d in picked} - {d.name for d in picked}
         if missing:
             raise ConfigError(f"no device named {sorted(missing)[0]!r}",
-                              f"devices: {', '.join(d.label for d in devices)}")
-        devices = picked
-    req = parse_spec(args.spec)
-    if req.mode == "self-draft":
-        # Planned before the low-bit copy exists: `up --spec self-draft:QUANT` makes it.
-        assert req.quant is not None
-        draft = self_draft_info(model, req.quant)
-        speculator = Speculator("draft", ("draft-simple",), draft=draft.path, n_max=DRAFT_N_MAX,
-                                reason=f"self-draft: a {req.quant} copy of the target drafts for it")
-    else:
-        if req.draft is not None and not req.draft.is_file():
-            req = parse_spec(f"draft:{_resolve_model(str(req.draft)).path}")  # a catalog name for the draft
-        # One choice everywhere: the pairing tables, auto-detection and the compatibility check, exactly
-        # as `up`, `pair` and the daemon choose (launch.decide_launch uses the same context).
-        speculator = choose(model, req, engine, args.ctx or model.n_ctx_train, devices=devices)[0].speculator
-        draft = describe(speculator.draft) if speculator.draft is not None else None
-    spec_mode = "off" if req.mode == "off" else args.spec_mode
-    intent = Intent(ctx=args.ctx, min_ctx=args.min_ctx, speculation=spec_mode,
-                    cache_type_k=args.cache_type, cache_type_v=args.cache_type,
-                    draft_cache_type_k=args.draft_cache_type, draft_cache_type_v=args.draft_cache_type,
-                    n_parallel=args.parallel, reserve=int(args.reserve_gib * GIB),
-                    prompt_cache=args.prompt_cache, swa_full=args.prompt_cache)
-    p = plan(model, devices, intent, speculator, draft)
+                              f"devices: {', '.join(d.label for d in tuple(devices) + pool.devices)}")
+        devices = tuple(d for d in picked if d not in pool.devices)
+    spec = args.spec
+    req = parse_spec(spec)
+    if req.draft is not None and not req.draft.is_file():
+        spec = f"draft:{_resolve_model(str(req.draft)).path}"  # a catalog name for the draft
+    caps = model_caps(model.path) if model.path.is_file() else None  # a hub model is planned from its header
+    # The same gather -> decide as `up`, the daemon and bench (bostudio.launch): the same speculator choice
+    # (tuned profile for the workload, pairing tables, auto-detection, compatibility check) and the same argv.
+    intent = LaunchIntent(ctx=args.ctx, cache_type=args.cache_type, spec=spec,
+                          speculation=None if args.spec_mode == "auto" else args.spec_mode,
+                          draft_cache_type=args.draft_cache_type, min_ctx=args.min_ctx, n_parallel=args.parallel,
+                          reserve=int(args.reserve_gib * GIB), prompt_reuse=args.prompt_cache,
+                          kind_args=caps.launch_args() if caps else (), generates=caps is None or caps.kind == "chat")
+    workload = args.workload or default_workload(model_name(model.path))
+    inputs = gather(model, engine, intent, pool=pool, workload=workload, devices=tuple(devices),
+                    make_self_draft=False)
+    decision, refused = view(inputs)
+    p = decision.plan
+    speculator = inputs.speculator  # the choice; the plan may fall back from it (p.why says)
+    argv = decision.argv(port=args.port, alias=model_name(model.path))
     for problem in problems:
         print(f"note: {problem}", file=sys.stderr)
     if args.json:
         _print_json(dict(plan_json(p), speculation=speculator.label, reason=speculator.reason,
-                         draft=str(speculator.draft) if speculator.draft else None))
+                         draft=str(speculator.draft) if speculator.draft else None, workload=workload,
+                         ctx=decision.ctx, layout=decision.layout.to_json(), argv=argv, fits=refused is None,
+                         not_fit_reason=refused or ""))
     else:
         print(render_plan(p))
         print(f"speculator: {speculator.label} ({speculator.reason})")
-    return 0 if p.chosen.fits else 1
+        print(f"slots: {decision.layout.line()}")
+        if refused is not None:
+            print(f"does not launch: {refused}")
+        print("runs: " + " ".join(_quote(a) for a in argv))
+    return 0 if refused is None else 1
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+def _rpc_pool(engine, rpc: str | None):  # type: ignore[no-untyped-def]
+    """The RPC workers named by --rpc or config.toml, probed through `engine` (an empty Pool: none)."""
+    from bostudio.rpc.workers import select_workers, workers_from_config
+    from bostudio.up import worker_pool
+
+    return worker_pool(engine, select_workers(rpc, workers_from_config()), note=lambda _: None)
 
 
 # ---------------------------------------------------------------- up
@@ -307,6 +328,10 @@ def cmd_pair(args: argparse.Namespace) -> int:
     from bostudio.catalog.resolve import resolve_model
     from bostudio.engine.discover import find_engine
     from bostudio.gguf import describe
+    from bostudio.bench.profiles import default_workload
+    from bostudio.catalog.resolve import model_name
+    from bostudio.daemon.capabilities import model_caps
+    from bostudio.launch import LaunchIntent, gather, view
     from bostudio.pairing.pair import make_self_draft, pair_model, record_self_draft
     from bostudio.speculation import parse_spec
 
@@ -322,9 +347,21 @@ def cmd_pair(args: argparse.Namespace) -> int:
         draft = make_self_draft(model, args.self_draft, engine, log=note)
         added = record_self_draft(describe(model), draft, args.self_draft)
         note(f"{'recorded' if added else 'already recorded'}: {model.name} -> {draft} in your pairings.toml")
-    report = pair_model(model, engine, request, ctx=args.ctx, probe=not args.no_probe)
+    workload = args.workload or default_workload(model_name(model))
+    info = describe(model)
+    report = pair_model(model, engine, request, ctx=args.ctx, probe=not args.no_probe, workload=workload)
+    # What `up` runs with this choice: the same launch decision (bostudio.launch), fed the choice made above.
+    caps = model_caps(model)
+    decision, refused = view(gather(info, engine, LaunchIntent(ctx=args.ctx, spec=args.spec,
+                                                               kind_args=caps.launch_args(),
+                                                               generates=caps.kind == "chat"),
+                                    workload=workload, speculator=report.selection.speculator))
+    argv = decision.argv(port=8080, alias=model_name(model))
     if args.json:
-        _print_json(report.to_json())
+        _print_json(dict(report.to_json(), workload=workload, ctx=decision.ctx,
+                         launch={"speculation": decision.speculator.label, "why": decision.plan.why,
+                                 "layout": decision.layout.to_json(), "argv": argv,
+                                 "fits": refused is None, "not_fit_reason": refused or ""}))
         return 0 if report.selection.chosen is not None or request.mode == "off" else 1
     sel = report.selection
     sp = sel.speculator
@@ -337,7 +374,7 @@ def cmd_pair(args: argparse.Namespace) -> int:
                  f"ids equal on all {pr.texts} probe texts" if pr.ok else
                  f"ids differ on {pr.differing} of {pr.texts} probe texts: {pr.first} (costs acceptance)")
         print(f"  tokenizers : {probe}")
-    print(f"  candidates (memory at --ctx {args.ctx}, according to the planner):")
+    print(f"  candidates (memory at {args.ctx or info.n_ctx_train} tokens of context, according to the planner):")
     for i, c in enumerate(sel.considered):
         mark = "*" if i == sel.chosen else " "
         state = "chosen" if i == sel.chosen else ("usable" if c.usable else "passed over")
@@ -347,6 +384,10 @@ def cmd_pair(args: argparse.Namespace) -> int:
             print(f"      hub ref {c.hub}" + (f"; source: {c.evidence}" if c.evidence else ""))
     if report.tables:
         print(f"  tables     : {', '.join(str(t) for t in report.tables)}")
+    print(f"  workload   : {workload} (its tuned profile decides first, as for `up`)")
+    print(f"  up runs    : {decision.speculator.label} at {decision.ctx} tokens; {decision.plan.why}"
+          + (f" (does not launch: {refused})" if refused else ""))
+    print("      " + " ".join(_quote(a) for a in argv))
     return 0 if sel.chosen is not None or request.mode == "off" else 1
 
 
@@ -632,8 +673,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--spec", default="auto", metavar="MODE",
                    help="auto | off | ngram | draft:PATH | mtp (default auto), as for `up`")
-    p.add_argument("--ctx", type=int, default=4096, metavar="N",
-                   help="context for the memory figures (default 4096, as `up`)")
+    p.add_argument("--ctx", type=int, default=None, metavar="N",
+                   help="context for the memory figures and the launch shown (default: as `up`, the largest "
+                        "that fits, up to the training context)")
+    p.add_argument("--workload", default=None, metavar="NAME",
+                   help="whose tuned profile auto uses, as `up --workload` (default: config.toml's [workload], "
+                        "else code)")
     p.add_argument("--self-draft", default=None, metavar="QUANT",
                    help="first make a low-bit copy of MODEL (Q2_K, Q3_K_S, IQ2_XXS...) with llama-quantize "
                         "and record it as MODEL's draft in your pairings.toml")
@@ -662,7 +707,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Predict what MODEL needs on each device (weights, KV cache, recurrent "
                                    "state, compute and output buffers, the speculator's share) from its GGUF "
                                    "header, find the largest context and offload that fit with the "
-                                   "speculator and without it, and choose. Exits 1 when nothing fits.")
+                                   "speculator and without it, and choose. Shows the slot layout and the "
+                                   "llama-server argv `up` runs for the same options (the daemon runs the same "
+                                   "with --prompt-cache). Exits 1 when nothing fits.")
     p.add_argument("model", metavar="MODEL", help="a GGUF file, or a model name in models/")
     p.add_argument("--ctx", type=int, default=None, metavar="N",
                    help="plan exactly this context (default: as large as fits, up to the training context)")
@@ -671,8 +718,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-type", default="f16", metavar="TYPE",
                    help="KV cache type for -ctk/-ctv: f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1, f32 "
                         "(default f16)")
-    p.add_argument("--draft-cache-type", default="f16", metavar="TYPE",
-                   help="the draft's KV cache type for -ctkd/-ctvd (default f16, llama.cpp's default)")
+    p.add_argument("--draft-cache-type", default=None, metavar="TYPE",
+                   help="the draft's KV cache type for -ctkd/-ctvd (default: the pairing's cache_type_k_draft, "
+                        "else f16, llama.cpp's default)")
+    p.add_argument("--workload", default=None, metavar="NAME",
+                   help="whose tuned profile auto uses, as `up --workload` (default: config.toml's [workload], "
+                        "else code)")
+    p.add_argument("--port", type=int, default=8080, metavar="P",
+                   help="the port in the argv shown (default 8080, as `up`)")
     p.add_argument("--spec", default="auto", metavar="SPEC",
                    help="auto | off | ngram | mtp | draft:PATH | self-draft:QUANT (default auto: chosen as `up`, "
                         "`pair` and the daemon choose: pairing tables, auto-detection, compatibility check; "

@@ -15,11 +15,11 @@ import httpx
 from bostudio import paths
 from bostudio.bench.profiles import default_workload
 from bostudio.catalog.resolve import model_name, resolve_model
-from bostudio.engine.argv import LaunchSpec, build_argv
+from bostudio.engine.argv import LaunchSpec
 from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import ConfigError, PortInUseError, ServerError
 from bostudio.gguf import describe
-from bostudio.launch import decide_launch
+from bostudio.launch import Decision, LaunchIntent, gather_and_decide
 from bostudio.pairing.fetch import interactive_ask, resolve_pull_policy
 from bostudio.planner import Plan
 from bostudio.planner.pool import placement_lines
@@ -120,11 +120,12 @@ class Prepared:
     launch: LaunchSpec
     plan: Plan
     argv: list[str]
+    decision: Decision
 
 
 def prepare_launch(opts: UpOptions, note=print) -> Prepared:  # type: ignore[no-untyped-def]
     """Resolve, check and plan `opts` into a launch; raises BostudioError on anything wrong."""
-    request = parse_spec(opts.spec)
+    parse_spec(opts.spec)  # a bad --spec fails before anything is read
     if opts.ctx is not None and opts.ctx < 256:
         raise ConfigError(f"--ctx {opts.ctx} is too small", "use at least 256 tokens, or leave it to the plan")
     model = resolve_model(opts.model, log=note)
@@ -135,11 +136,12 @@ def prepare_launch(opts: UpOptions, note=print) -> Prepared:  # type: ignore[no-
     workload = opts.workload or default_workload(model_name(model))
     pool = worker_pool(engine, workers, note)
     policy = resolve_pull_policy(opts.pull)
-    decision = decide_launch(info, request, engine, ctx=opts.ctx, cache_type=opts.cache_type, pull=policy,
-                             ask=interactive_ask() if policy == "ask" else None, log=note,
-                             workload=workload, pool=pool)
-    launch = decision.launch_spec(model, model_name(model), opts.port, opts.host)
-    return Prepared(engine, launch, decision.plan, build_argv(engine.path, engine.flags, launch))
+    decision = gather_and_decide(info, engine, LaunchIntent(ctx=opts.ctx, cache_type=opts.cache_type, spec=opts.spec),
+                                 pool=pool, workload=workload, pull=policy,
+                                 ask=interactive_ask() if policy == "ask" else None, log=note)
+    launch = decision.launch_spec(port=opts.port, alias=model_name(model), host=opts.host)
+    argv = decision.argv(port=opts.port, alias=model_name(model), host=opts.host)
+    return Prepared(engine, launch, decision.plan, argv, decision)
 
 
 def worker_pool(engine: Engine, workers: tuple[Worker, ...], note=print) -> Pool:  # type: ignore[no-untyped-def]
@@ -180,6 +182,7 @@ def run_up(opts: UpOptions, out=sys.stdout) -> int:
         say(f"  speculation     : {speculator.label} - {status.detail}")
         say(f"  why             : {speculator.reason}")
         say(f"  memory plan     : {plan.chosen.n_ctx} tokens of context; {plan.why}")
+        say(f"  slots           : {prep.decision.layout.line()}")
         if prep.launch.rpc or plan.chosen.split or plan.chosen.draft_device:
             if prep.launch.rpc:
                 say(f"  rpc workers     : {prep.launch.rpc}")

@@ -1,5 +1,5 @@
-"""One choice everywhere: `bostudio plan`, `bostudio pair`, `bostudio up` (launch.decide_launch) and the
-daemon (supervisor.plan_child) pick the same speculator, because all of them ask pairing.pair.choose.
+"""One choice everywhere: `bostudio plan`, `bostudio pair`, `bostudio up` (bostudio.launch) and the
+daemon (supervisor.decide_child) pick the same speculator, because all of them ask pairing.pair.choose.
 Checked over four kinds of model: the embedded Gemma, a synthetic NextN (MTP) model, a target whose draft
 the user's pairings.toml names, and a model with no candidate of its own (no MTP head, no draft)."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from bostudio.cli import main
-from bostudio.daemon.supervisor import plan_child
+from bostudio.daemon.supervisor import decide_child
 from bostudio.gguf import describe
-from bostudio.launch import decide_launch
+from bostudio.launch import LaunchIntent, gather_and_decide
 from bostudio.pairing.pair import pair_model, record_self_draft
 from bostudio.speculation import SpecRequest
 from tests.gguf_factory import tiny_glm4moe_mtp, tiny_llama
@@ -44,8 +44,8 @@ def test_plan_pair_up_and_daemon_choose_the_same_speculator(kind: str, expect: s
     ctx = info.n_ctx_train
 
     paired = pair_model(path, engine, SpecRequest("auto"), ctx=ctx, probe=False).selection.speculator
-    up = decide_launch(info, SpecRequest("auto"), engine).plan.with_spec
-    daemon = plan_child(info, "auto", engine, ctx).with_spec
+    up = gather_and_decide(info, engine, LaunchIntent(spec="auto")).plan.with_spec
+    daemon = decide_child(info, engine, "auto", None).plan.with_spec
     assert main(["plan", str(path), "--json"]) in (0, 1)
     planned = json.loads(capsys.readouterr().out)
 

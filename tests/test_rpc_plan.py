@@ -191,16 +191,32 @@ def test_a_self_draft_is_planned_before_it_exists(base: ModelInfo, tmp_path: Pat
     assert dict(o.split)["RPC0"] > 0 and dict(o.split)["RPC1"] > 0
 
 
-def test_the_daemon_passes_the_placement_flags_only() -> None:
-    from bostudio.daemon.supervisor import placement_args
+def test_a_pooled_launch_runs_the_plans_placement_after_rpc(base: ModelInfo) -> None:
+    """The pure launch decision over a pool: --rpc first (it registers RPC0.. that -dev/-devd name), then
+    every memory and placement flag of the plan, each once."""
+    from bostudio.engine.discover import Engine
+    from bostudio.launch import LaunchInputs, LaunchIntent, decide
+    from bostudio.rpc.probe import Pool
 
-    class P:
-        def llama_args(self) -> list[str]:
-            return ["-c", "4096", "-ngl", "9", "-np", "4", "-kvu", "-dev", "RPC0,RPC1", "-ts", "4,5", "-ot",
-                    "^output=CPU", "-ngld", "17", "-devd", "none", "-fit", "off"]
-
-    assert placement_args(P()) == ("-ngl", "9", "-dev", "RPC0,RPC1", "-ts", "4,5", "-ot", "^output=CPU", "-ngld",
-                                   "17", "-devd", "none")
+    devs = load_devices_file(POOL)
+    m, d = llama70b(base), llama1b(base)
+    flags = frozenset({"--rpc", "-m", "--alias", "--host", "--port", "-c", "--metrics", "-lv", "--spec-type", "-md",
+                       "--spec-draft-n-max", "-ngl", "-np", "-kvu", "-ctk", "-ctv", "-fit", "-fa", "-dev", "-ts",
+                       "-ot", "-ngld", "-devd", "-ctkd", "-ctvd", "--api-key"})
+    engine = Engine(Path("/x/llama-server"), "explicit", flags=flags)
+    pool = Pool(tuple(x for x in devs if x.remote), "192.168.1.20:50052,192.168.1.21:50052")
+    sp = replace(draft(d), cache_type_k_draft="q8_0", cache_type_v_draft="q8_0")
+    decision = decide(LaunchInputs(m, engine, tuple(devs), sp, d, pool,
+                                   LaunchIntent(ctx=16384, cache_type="q8_0", spec="draft:x")))
+    argv = decision.argv(port=9000, alias="big")
+    assert argv[1:3] == ["--rpc", "192.168.1.20:50052,192.168.1.21:50052"]
+    plan_args = decision.plan.llama_args()
+    for flag in ("-ngl", "-np", "-ctk", "-ctv", "-fit", "-dev", "-ts", "-ngld", "-devd"):
+        assert argv.count(flag) == 1 and argv[argv.index(flag) + 1] == plan_args[plan_args.index(flag) + 1]
+    # the draft's cache type from the pairing is priced and run, once (llama.cpp keeps the last -ctkd)
+    assert argv.count("-ctkd") == 1 and argv[argv.index("-ctkd") + 1] == "q8_0"
+    assert decision.plan.intent.draft_cache_type_k == "q8_0"
+    assert "-kvu" in argv and argv[argv.index("-c") + 1] == str(decision.ctx)
 
 
 # ---------------------------------------------------------------- the output projection pinned to the host (-ot)

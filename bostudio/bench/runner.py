@@ -19,11 +19,10 @@ from bostudio.bench.profiles import default_workload
 from bostudio.bench.workloads import CONTEXT_QUESTION, Task, filler_code
 from bostudio.catalog.resolve import model_name
 from bostudio.daemon.supervisor import free_loopback_port
-from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.engine.discover import Engine
 from bostudio.errors import ConfigError, ServerError
 from bostudio.gguf import ModelInfo
-from bostudio.launch import decide_launch
+from bostudio.launch import Decision, LaunchIntent, gather_and_decide
 from bostudio.pairing.pair import choose, make_self_draft
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import ServerProcess
@@ -112,6 +111,12 @@ def resolve_configs(name: str, info: ModelInfo, engine: Engine, ctx: int, note: 
             for i, m in enumerate(found.profile.ranking[:n])]
 
 
+def bench_decision(info: ModelInfo, engine: Engine, ctx: int) -> Decision:
+    """The launch decision every bench server shares: one slot (requests run one at a time), `ctx`
+    tokens, speculation off in the plan (each side adds its own speculator). Raises PlanError."""
+    return gather_and_decide(info, engine, LaunchIntent(ctx=ctx, spec="off", n_parallel=1))
+
+
 @dataclass
 class _Server:
     config: BenchConfig
@@ -128,15 +133,13 @@ class Bench:
         if len(set(labels)) != len(labels):
             raise ConfigError("a configuration is listed twice in --spec", "name each configuration once")
         self.info, self.engine, self.configs, self.ctx, self.progress = info, engine, configs, ctx, progress
-        # The memory plan's flags (offload, cache types) of the baseline, the same for every side.
-        decision = decide_launch(info, SpecRequest("off"), engine, ctx=ctx)
-        self.extra_args = decision.args
+        # The launch decision of the baseline (one slot, speculation off): every side runs its memory
+        # plan (offload, cache types, -fit off) with its own speculator, so only the speculator differs.
+        self.decision = bench_decision(info, engine, ctx)
         self.servers: list[_Server] = []
 
     def argv(self, config: BenchConfig, port: int) -> list[str]:
-        spec = LaunchSpec(model=self.info.path, alias=model_name(self.info.path), port=port, ctx=self.ctx,
-                          speculator=config.speculator, n_parallel=1, extra_args=self.extra_args)
-        return build_argv(self.engine.path, self.engine.flags, spec)
+        return self.decision.argv(port=port, alias=model_name(self.info.path), speculator=config.speculator)
 
     def __enter__(self) -> "Bench":
         logdir = paths.logs_dir() / "bench" / str(os.getpid())  # concurrent benches keep their own logs

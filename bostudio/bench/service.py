@@ -7,14 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bostudio.bench import measure
-from bostudio.bench.runner import Bench, Plan, config_names, parse_ctx_list, resolve_configs, run, sweep_fits
+from bostudio.bench.runner import (Bench, Plan, bench_decision, config_names, parse_ctx_list, resolve_configs, run,
+                                   sweep_fits)
 from bostudio.bench.workloads import resolve_workloads
 from bostudio.catalog.resolve import model_name, resolve_model
 from bostudio.engine.discover import find_engine
 from bostudio.errors import ConfigError, PlanError
 from bostudio.gguf import describe
-from bostudio.launch import decide_launch
-from bostudio.speculation import SpecRequest
 
 BASE_CTX = 4096
 
@@ -51,7 +50,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[int, int, str], None],
     while True:
         ctx = max([BASE_CTX] + [c + 64 for c in sweep])
         try:
-            decide_launch(info, SpecRequest("off"), engine, ctx=ctx)
+            bench_decision(info, engine, ctx)
             break
         except PlanError as exc:
             if not sweep:

@@ -217,53 +217,9 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         return await asyncio.to_thread(plan_for, model, ctx, cache_type, spec)
 
     def plan_for(model: str, ctx: int | None = None, cache_type: str | None = None, spec: str | None = None) -> dict:
-        from dataclasses import replace
+        from bostudio.daemon.plans import plan_for as plan_of
 
-        from bostudio.daemon.capabilities import model_caps
-        from bostudio.daemon.supervisor import child_argv, plan_view
-        from bostudio.gguf import describe
-        from bostudio.planner.memory import cache_type as check_cache_type
-        from bostudio.planner.pool import placement_lines
-        from bostudio.planner.render import option_bars
-        from bostudio.speculation import parse_spec
-
-        cfg = sup.config_for(model)
-        ctx = ctx or cfg.ctx
-        ctype = cache_type or cfg.cache_type
-        check_cache_type(ctype)
-        mode = spec or cfg.spec
-        parse_spec("auto" if mode == "on" else mode)
-        eng = sup.engine
-        info = describe(cfg.path)
-        caps = model_caps(cfg.path)
-        workload = cfg.resolved_workload()
-        pool = sup.view_pool(cfg.name)
-        planned, refused = plan_view(info, mode, eng, ctx, ctype, workload,
-                                     cfg.fallback(workload) if mode == cfg.spec else None,
-                                     prompt_reuse=sup.slot_store is not None, caps=caps, pool=pool)
-        o = planned.chosen
-        sp = o.speculator
-        argv = child_argv(eng, replace(cfg, ctx=ctx, cache_type=ctype), planned, caps, 0,
-                          sup.slot_store.root if sup.slot_store else None, pool)
-        out: dict[str, Any] = {
-            "model": cfg.name, "kind": caps.kind, "ctx": ctx, "cache_type": ctype, "spec_mode": mode, "speculation": sp.label,
-            "reason": sp.reason, "bytes": o.total, "fits": refused is None,
-            "not_fit_reason": refused or "", "why": planned.why,
-            "cost_line": planned.cost_line, "spec_cost_bytes": planned.spec_cost_bytes,
-            "spec_cost_tokens": planned.spec_cost_tokens, "n_ctx_train": info.n_ctx_train,
-            "bars": option_bars(o),
-            "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes} for u in o.uses],
-            "budget_bytes": sup.budget(), "argv": argv, "would_fit": [],
-            # with RPC workers: where each part lives and why, and the workers that could not be used
-            "placement": placement_lines(planned) if pool.devices else [], "rpc_problems": list(pool.problems)}
-        if refused is not None:  # what would make it fit, one change at a time (the planner's answer)
-            from bostudio.planner import what_would_fit
-
-            draft = describe(sp.draft) if sp.draft else None
-            out["would_fit"] = [{"change": f.change, "ctx": f.option.n_ctx, "cache_type": f.intent.cache_type_k,
-                                 "speculation": f.option.speculator.label, "bytes": f.option.total}
-                                for f in what_would_fit(info, planned.devices, planned.intent, sp, draft)]
-        return out
+        return plan_of(sup, model, ctx, cache_type, spec)
 
     @app.get("/bostudio/pairings/{model}", tags=["control"],
              summary="The speculator each mode would pair with a model; auto's candidates and why each was passed over")
@@ -279,7 +235,7 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         candidates: list[dict] = []
         for mode in ("auto", "ngram", "mtp", "off"):
             try:
-                sel = (await asyncio.to_thread(choose, mi, parse_spec(mode), eng, cfg.ctx))[0]
+                sel = (await asyncio.to_thread(choose, mi, parse_spec(mode), eng, cfg.ctx or mi.n_ctx_train))[0]
                 sp = sel.speculator
                 out[mode] = {"speculation": sp.label, "kind": sp.kind, "reason": sp.reason}
                 if mode == "auto":

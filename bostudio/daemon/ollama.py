@@ -244,7 +244,7 @@ def register(app: FastAPI, sup: Supervisor, router: Router) -> None:
                     raise Reject(error_response(exc, "ollama"))
                 return JSONResponse({"model": name, "created_at": now_iso(), "response": "", "done": True,
                                      "done_reason": "load"})
-            inst, upstream = await router.open(name, path, json.dumps(translated).encode(), "ollama")
+            inst, upstream = await router.open(name, path, json.dumps(translated).encode(), "ollama", translated)
         except Reject as r:
             return r.response
         streaming = translated["stream"]

@@ -17,7 +17,8 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from bostudio.daemon.capabilities import model_caps
+from bostudio.daemon import admission
+from bostudio.daemon.capabilities import GENERATE, model_caps
 from bostudio.daemon.guard import check_request
 from bostudio.daemon.stats import timings_from_body, timings_from_sse
 from bostudio.daemon.supervisor import Instance, Supervisor
@@ -30,6 +31,8 @@ log = logging.getLogger("bostudio.daemon")
 DROP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date",
                 "access-control-allow-origin", "access-control-allow-credentials", "access-control-allow-methods",
                 "access-control-allow-headers"}
+GENERATING = GENERATE | {"/completion", "/completions"}  # the routes admission reserves KV room for
+QUEUE_TIMEOUT = 600.0  # seconds a request may wait for room in a busy child's KV pool
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MAX_BODY = 64 << 20  # a 128k-token prompt with base64 images fits; more is refused (413)
 
@@ -103,10 +106,13 @@ class Reject(Exception):
 
 
 class Router:
-    def __init__(self, sup: Supervisor, stream_idle_timeout: float, max_body: int = MAX_BODY) -> None:
+    def __init__(self, sup: Supervisor, stream_idle_timeout: float, max_body: int = MAX_BODY,
+                 queue_timeout: float = QUEUE_TIMEOUT) -> None:
         self.sup = sup
         self.idle_timeout = stream_idle_timeout
         self.max_body = max_body
+        self.queue_timeout = queue_timeout
+        self._held: dict[int, tuple[admission.Admission, int]] = {}  # id(upstream) -> its KV reservation
 
     async def read_json(self, request: Request, api: str) -> tuple[bytes, dict]:
         """The body (bounded) and its JSON object. Raises Reject."""
@@ -145,22 +151,29 @@ class Router:
             raise Reject(error_response(refusal, api))
         return name
 
-    async def open(self, name: str, path: str, raw: bytes, api: str) -> tuple[Instance, passthrough.UpstreamResponse]:
-        """The ready instance (loaded on demand) and its upstream response to POST `path`. The
-        caller must `release(inst)` once done with it. Raises Reject."""
+    async def open(self, name: str, path: str, raw: bytes, api: str,
+                   body: dict | None = None) -> tuple[Instance, passthrough.UpstreamResponse]:
+        """The ready instance (loaded on demand) and its upstream response to POST `path`. A generating
+        request first gets room in the child's KV pool (bostudio.daemon.admission): it waits in line
+        while the requests in flight fill the pool, and one that can never fit is refused with 400.
+        The caller must `release(inst, upstream)` once done with it. Raises Reject."""
         for attempt in (1, 2):
             try:
                 inst = await self.sup.get_ready(name)
             except (BostudioError, asyncio.TimeoutError) as exc:
                 raise Reject(error_response(exc, api))
+            tokens = await self.reserve(inst, path, raw, body, api)
             inst.active += 1
             inst.stats.requests += 1
             try:
                 if inst.http is None or inst.port is None:
                     raise httpx.ConnectError("instance is not ready")
-                return inst, await passthrough.post("127.0.0.1", inst.port, path, raw, inst.api_key)
+                upstream = await passthrough.post("127.0.0.1", inst.port, path, raw, inst.api_key)
+                self._held[id(upstream)] = (inst.admission, tokens)
+                return inst, upstream
             except httpx.HTTPError as exc:
                 inst.active -= 1
+                inst.admission.release(tokens)
                 inst.stats.errors += 1
                 log.warning("%s: upstream %s failed (attempt %d): %r", inst.name, path, attempt, exc)
                 # Not connected, or no response from a child that then died, means not served: wait
@@ -170,12 +183,46 @@ class Router:
                     continue
                 raise Reject(api_error(api, 502, f"llama-server for {inst.name} failed: {exc!r}", "server_error",
                                        "the model is restarted automatically; send the request again"))
+            except BaseException:
+                inst.active -= 1
+                inst.admission.release(tokens)
+                raise
         raise AssertionError("unreachable")
 
-    @staticmethod
-    def release(inst: Instance) -> None:
+    async def reserve(self, inst: Instance, path: str, raw: bytes, body: dict | None, api: str) -> int:
+        """Room in `inst`'s KV pool for a request to `path`: the tokens reserved (0 for a route that
+        generates nothing, or a prompt the child could not count). Raises Reject (400: can never fit;
+        503: waited too long)."""
+        layout = inst.layout
+        if layout is None or inst.http is None or path not in GENERATING:
+            return 0
+        if body is None:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                return 0
+        prompt = await admission.count_prompt(inst.http, path, raw, body)
+        if prompt is None:
+            return 0
+        if prompt >= layout.slot_ctx:
+            n_train = int(inst.plan.get("n_ctx_train") or 0) or None
+            raise Reject(error_response(admission.too_long(inst.name, prompt, layout.slot_ctx, n_train), api))
+        tokens = admission.reservation(prompt, body, layout.slot_ctx)
+        try:
+            await inst.admission.acquire(tokens, layout.pool_ctx, self.queue_timeout)
+        except admission.QueueTimeout:
+            raise Reject(api_error(api, 503, f"{inst.name} is busy: the requests in flight fill its KV pool of "
+                                             f"{layout.pool_ctx} tokens, and this one ({tokens} tokens with its "
+                                             f"output) waited {self.queue_timeout:g} s", "unavailable_error",
+                                   "send it again later, or set a smaller max_tokens so requests can share the pool"))
+        return tokens
+
+    def release(self, inst: Instance, upstream: passthrough.UpstreamResponse | None = None) -> None:
         inst.active -= 1
         inst.last_used = time.monotonic()
+        held = self._held.pop(id(upstream), None) if upstream is not None else None
+        if held is not None:
+            held[0].release(held[1])
 
     async def chunks(self, inst: Instance, upstream: passthrough.UpstreamResponse) -> AsyncIterator[bytes]:
         """The upstream body as it arrives; a body silent for longer than the idle timeout raises
@@ -199,11 +246,11 @@ class Router:
         try:
             raw, body = await self.read_json(request, api)
             name = await self.admit(body, path, api)
-            inst, upstream = await self.open(name, path, raw, api)
+            inst, upstream = await self.open(name, path, raw, api, body)
         except Reject as r:
             return r.response
         streaming = body.get("stream") is True
-        if api == "anthropic" and upstream.status_code >= 400:
+        if upstream.status_code >= 400 and (api == "anthropic" or upstream.status_code == 400):
             return await self.translate_error(inst, upstream, api)
         return self.relay(inst, upstream, streaming, api)
 
@@ -220,13 +267,18 @@ class Router:
         finally:
             with anyio.CancelScope(shield=True):
                 await upstream.aclose()
-            self.release(inst)
+            self.release(inst, upstream)
+        exceeded = admission.exceed_message(bytes(data))
+        if exceeded is not None:  # llama-server's own context check: the same answer as admission's
+            n_train = int(inst.plan.get("n_ctx_train") or 0) or None
+            return error_response(admission.too_long(inst.name, exceeded[0], exceeded[1], n_train), api)
         try:
             err = json.loads(data).get("error", {})
             message = err.get("message") or str(err)
+            type_ = str(err.get("type") or "invalid_request_error")
         except (ValueError, AttributeError):
-            message = data.decode("utf-8", "replace")[:2000]
-        return api_error(api, upstream.status_code, message, "invalid_request_error")
+            message, type_ = data.decode("utf-8", "replace")[:2000], "invalid_request_error"
+        return api_error(api, upstream.status_code, message, type_)
 
     def relay(self, inst: Instance, upstream: passthrough.UpstreamResponse, streaming: bool, api: str,
               transform: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None = None,
@@ -266,7 +318,7 @@ class Router:
                 # shielded: inside a cancelled anyio scope every unshielded await is cancelled too.
                 with anyio.CancelScope(shield=True):
                     await upstream.aclose()
-                self.release(inst)
+                self.release(inst, upstream)
 
         if transform is not None:
             headers: dict[str, str] = {}

@@ -27,14 +27,12 @@ from bostudio.daemon.slots import SlotStore, StateKey, restore_slots, save_slots
 from bostudio.daemon.events import EventBus
 from bostudio.daemon.state import ChildRecord, instance_log_path
 from bostudio.daemon.stats import InstanceStats, parse_metrics
-from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PlanError, PortInUseError,
                              ServerError)
 from bostudio.gguf import ModelInfo, describe
-from bostudio.hardware import discover_devices
-from bostudio.pairing.fetch import choose_and_fetch
-from bostudio.planner import Intent, Plan, plan, plan_for_launch
+from bostudio.launch import Decision, LaunchInputs, LaunchIntent, Layout, decide, gather
+from bostudio.daemon.admission import Admission
 from bostudio.planner.memory import cache_type as cache_type_of
 from bostudio.planner.fit import PROMPT_CACHE
 from bostudio.rpc.probe import Pool, discover_pool
@@ -64,7 +62,7 @@ class SupervisorOptions:
     load_timeout: float = 900.0
     grace: float = 10.0  # SIGTERM -> SIGKILL
     probe_tokens: int = 16
-    ctx: int = 4096
+    ctx: int | None = None  # None: the largest context that fits, up to the model's training context
     spec: str = "auto"
     stream_idle_timeout: float = 300.0  # a response body silent this long mid-stream ends with an error
     failed_cooldown: float = 60.0  # a failed model is retried on the next request after this (0: never)
@@ -82,7 +80,7 @@ class ModelConfig:
 
     name: str
     path: Path
-    ctx: int
+    ctx: int | None  # None: the largest that fits, up to the training context
     spec: str
     port: int | None = None  # pinned child port (else a free one per launch)
     cache_type: str = "f16"  # -ctk/-ctv of the target's KV cache
@@ -99,81 +97,28 @@ class ModelConfig:
         return self.auto_off_reason if self.spec == "auto" and self.auto_off == workload else None
 
 
-def _speculator_for(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int,  # type: ignore[no-untyped-def]
-                    pull: str = "never", workload: str | None = None, fallback: str | None = None,
-                    generates: bool = True, pool: Pool = Pool()):
-    # This machine's devices and the RPC workers of `pool` (bostudio.rpc.probe.discover_pool).
-    devices = discover_devices(engine_devices=engine.devices).devices + pool.devices
-    # Embedding and rerank models generate nothing, so they get no speculator.
-    request = parse_spec(("auto" if spec_mode == "on" else spec_mode) if generates else "off")
-    if fallback is not None and generates:
-        speculator = fallback_speculator(info, engine, workload, fallback)
-    else:
-        speculator = choose_and_fetch(info, request, engine, ctx, devices=devices, policy=pull, workload=workload,
-                                      log=lambda msg: log.info("%s: %s", info.path.name, msg)).speculator
-    draft = describe(speculator.draft) if speculator.draft else None
-    return devices, speculator, draft
-
-
-def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, cache_type: str = "f16",
-               pull: str = "never", workload: str | None = None, fallback: str | None = None,
-               prompt_reuse: bool = False, caps: ModelCaps | None = None, pool: Pool = Pool()) -> Plan:
-    """The speculator (a tuned profile for `workload`, else the pairing table, auto-detection and
-    compatibility check, as for `bostudio up`, a hub drafter fetched as `pull` allows) and the planner's view
-    of the child as the daemon runs it (llama-server's defaults: 4 slots sharing one KV pool): `chosen.total`
-    decides what gets evicted. `fallback` (why auto gave up on the speculator) runs the profile's next-best
-    kind, else none. With prompt reuse it plans a host prompt cache and full SWA caches; embedding and
-    rerank models (`caps`) get no speculator. RPC workers in `pool` add their devices. Raises PlanError if it
-    cannot fit."""
+def child_inputs(info: ModelInfo, engine: Engine, spec_mode: str, ctx: int | None, cache_type: str = "f16", *,
+                 pull: str = "never", workload: str | None = None, fallback: str | None = None,
+                 prompt_reuse: bool = False, caps: ModelCaps | None = None, pool: Pool = Pool()) -> LaunchInputs:
+    """The launch decision's inputs for a daemon child, gathered as for `bostudio up` (a tuned profile
+    for `workload`, else the pairing table, auto-detection and compatibility check, a hub drafter
+    fetched as `pull` allows). `fallback` (why auto gave up on the speculator) runs the profile's
+    next-best kind, else none. With prompt reuse the plan has a host prompt cache and full SWA caches;
+    embedding and rerank models (`caps`) get their flags and no speculator. RPC workers in `pool` add
+    their devices. `ctx` None: the largest context that fits, up to the training context."""
     generates = caps is None or caps.kind == "chat"
-    devices, speculator, draft = _speculator_for(info, spec_mode, engine, ctx, pull, workload, fallback, generates,
-                                                 pool)
-    return plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft,
-                           speculation="off" if speculator.kind == "none" else "on", cache_type=cache_type,
-                           prompt_cache=prompt_reuse and generates)
+    intent = LaunchIntent(ctx=ctx, cache_type=cache_type, spec=spec_mode, prompt_reuse=prompt_reuse,
+                          kind_args=caps.launch_args() if caps is not None else (), generates=generates)
+    speculator = fallback_speculator(info, engine, workload, fallback) if fallback is not None and generates else None
+    return gather(info, engine, intent, pool=pool, workload=workload, pull=pull, speculator=speculator,
+                  log=lambda msg: log.info("%s: %s", info.path.name, msg))
 
 
-def child_argv(engine: Engine, cfg: "ModelConfig", planned: Plan, caps: ModelCaps, port: int,
-               slot_dir: Path | None, pool: Pool = Pool()) -> list[str]:
-    """The child's llama-server argv: the plan's speculator, its cache type, the flags its kind needs
-    (embeddings, reranking), with prompt reuse the planned --cache-ram, --swa-full and --slot-save-path,
-    and with RPC workers --rpc and the plan's placement."""
-    extra = list(cache_type_args(cfg.cache_type)) + list(caps.launch_args()) + planned.prompt_cache_args()
-    if slot_dir is not None and planned.intent.prompt_cache:
-        extra += ["--slot-save-path", str(slot_dir)]
-    if pool.devices:
-        extra += placement_args(planned)
-    spec = LaunchSpec(model=cfg.path, alias=cfg.name, port=port, host="127.0.0.1", ctx=cfg.ctx,
-                      speculator=planned.chosen.speculator, rpc=pool.rpc if pool.devices else None,
-                      extra_args=tuple(extra))
-    return build_argv(engine.path, engine.flags, spec)
-
-
-def plan_view(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, cache_type: str = "f16",
-              workload: str | None = None, fallback: str | None = None, prompt_reuse: bool = False,
-              caps: ModelCaps | None = None, pool: Pool = Pool()) -> tuple[Plan, str | None]:
-    """plan_child for a screen: the plan a launch would use and None, or, when a launch would refuse
-    it, the planner's best attempt and the refusal (so the screen can show the bars and why). `pool`:
-    the RPC workers the launch would use (Supervisor.view_pool)."""
-    generates = caps is None or caps.kind == "chat"
-    devices, speculator, draft = _speculator_for(info, spec_mode, engine, ctx, workload=workload, fallback=fallback,
-                                                 generates=generates, pool=pool)
-    on = speculator.kind != "none"
-    reuse = prompt_reuse and generates
-    try:
-        return plan_for_launch(info, devices, ctx=ctx, speculator=speculator, draft=draft,
-                               speculation="on" if on else "off", cache_type=cache_type, prompt_cache=reuse), None
-    except PlanError as exc:
-        intent = Intent(ctx=ctx, speculation="auto" if on else "off", cache_type_k=cache_type, cache_type_v=cache_type,
-                        prompt_cache=reuse, swa_full=reuse)
-        return plan(info, devices, intent, speculator, draft), exc.message
-
-
-def cache_type_args(cache_type: str) -> tuple[str, ...]:
-    """-ctk/-ctv for a KV cache type other than llama-server's f16 (a quantized V cache needs flash attention)."""
-    if cache_type == "f16":
-        return ()
-    return ("-ctk", cache_type, "-ctv", cache_type) + (() if cache_type in ("bf16", "f32") else ("-fa", "on"))
+def decide_child(info: ModelInfo, engine: Engine, spec_mode: str, ctx: int | None, cache_type: str = "f16",
+                 **kw) -> Decision:  # type: ignore[no-untyped-def]
+    """The launch decision for a daemon child: `chosen.total` decides what gets evicted, and
+    `Decision.argv` is what runs. Raises PlanError if it cannot fit."""
+    return decide(child_inputs(info, engine, spec_mode, ctx, cache_type, **kw))
 
 
 def fallback_speculator(info: ModelInfo, engine: Engine, workload: str | None, why: str) -> Speculator:
@@ -189,17 +134,6 @@ def fallback_speculator(info: ModelInfo, engine: Engine, workload: str | None, w
 
 class WorkerLostError(PlanError):
     """The model no longer fits once an RPC worker it used has died."""
-
-
-def placement_args(p: Plan) -> tuple[str, ...]:
-    """The plan's placement flags (offload, device split, draft device) for a child that uses RPC
-    workers; a local child keeps llama-server's own defaults, as the daemon always ran it."""
-    args = p.llama_args()
-    out: list[str] = []
-    for flag in ("-ngl", "-dev", "-ts", "-ot", "-ngld", "-devd"):
-        if flag in args:
-            out += [flag, args[args.index(flag) + 1]]
-    return tuple(out)
 
 
 def unreachable_workers(workers: list[Worker], timeout: float = 2.0) -> list[Worker]:
@@ -257,6 +191,8 @@ class Instance:
     prompts: dict = field(default_factory=dict)  # restored/saved slot states, for ps
     pool: Pool = field(default_factory=Pool)  # the RPC workers of the running child
     lost_workers: tuple[str, ...] = ()  # workers that died under this model: later launches go without them
+    layout: Layout | None = None  # the running child's slots and KV pool (admission reserves in it)
+    admission: Admission = field(default_factory=Admission)  # requests in the KV pool, and those queued
 
     @property
     def name(self) -> str:
@@ -271,7 +207,7 @@ class Instance:
             "model": self.name, "path": str(self.cfg.path), "state": self.state,
             "pid": self.proc.pid if self.proc and self.state in RESIDENT_STATES + (STOPPING,) else None,
             "port": self.port if self.state in RESIDENT_STATES else None,
-            "ctx": self.cfg.ctx, "cache_type": self.cfg.cache_type, "spec_mode": self.cfg.spec,
+            "ctx": self.plan.get("ctx", self.cfg.ctx), "ctx_asked": self.cfg.ctx, "cache_type": self.cfg.cache_type, "spec_mode": self.cfg.spec,
             "speculation": self.speculator.label if self.speculator else None,
             "speculation_reason": self.speculator.reason if self.speculator else None,
             "spec_status": self.spec_status, "plan": self.plan, "error": self.error, "loads": self.loads,
@@ -642,37 +578,42 @@ class Supervisor:
         for problem in inst.pool.problems:
             log.warning("%s: %s; planning without it", cfg.name, problem)
         try:
-            planned = await asyncio.to_thread(plan_child, info, cfg.spec, engine, cfg.ctx, cfg.cache_type,
-                                              self.opts.pull, workload, cfg.fallback(workload),
-                                              self.slot_store is not None, caps, inst.pool)
+            decision = await asyncio.to_thread(
+                lambda: decide_child(info, engine, cfg.spec, cfg.ctx, cfg.cache_type, pull=self.opts.pull,
+                                     workload=workload, fallback=cfg.fallback(workload),
+                                     prompt_reuse=self.slot_store is not None, caps=caps, pool=inst.pool))
         except PlanError as exc:
             if inst.lost_workers:  # it fitted with the worker that died: say so; retrying cannot help
                 raise WorkerLostError(f"{cfg.name} does not fit without the lost rpc worker(s) "
                                       f"{', '.join(inst.lost_workers)}: {exc.message}",
                                       "restart the worker's `bostudio rpc serve`, then restart the model") from exc
             raise
-        speculator = planned.chosen.speculator
+        planned = decision.plan
+        speculator = decision.speculator
         inst.break_even, inst.break_even_source = await asyncio.to_thread(
             predicted_break_even, cfg.path, engine, workload)
-        need = planned.chosen.total
+        need = decision.bytes  # what it is evicted by is what runs
         inst.speculator = speculator
-        reuse = self.slot_store is not None and planned.intent.prompt_cache
-        inst.state_key = (await asyncio.to_thread(state_key, cfg.path, engine.commit, cfg.ctx,
+        inst.layout = decision.layout
+        reuse = self.slot_store is not None and decision.prompt_reuse
+        inst.state_key = (await asyncio.to_thread(state_key, cfg.path, engine.commit, decision.ctx,
                                                   planned.intent.cache_type_k, "auto", planned.intent.swa_full)
                           if reuse else None)
-        inst.plan = {"bytes": need, "weights_bytes": info.file_size, "ctx": cfg.ctx, "cache_type": cfg.cache_type,
+        inst.plan = {"bytes": need, "weights_bytes": info.file_size, "ctx": decision.ctx, "ctx_asked": cfg.ctx,
+                     "n_ctx_train": info.n_ctx_train,
+                     "cache_type": cfg.cache_type, "layout": decision.layout.to_json(),
                      "kind": caps.kind, "prompt_cache_bytes": planned.chosen.component_bytes(PROMPT_CACHE),
                      "budget_bytes": self.budget(), "why": planned.why,
                      "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes}
                               for u in planned.chosen.uses],
-                     "summary": f"{need / policy.MIB:.0f} MiB for {cfg.name} at ctx {cfg.ctx} with "
+                     "summary": f"{need / policy.MIB:.0f} MiB for {cfg.name} at ctx {decision.ctx} with "
                                 f"speculation {speculator.label}, budget {self.budget() / policy.MIB:.0f} MiB"}
         await self._make_room(inst, need)
 
         inst.port = cfg.port or free_loopback_port()
         inst.api_key = secrets.token_urlsafe(32)
-        argv = child_argv(engine, cfg, planned, caps, inst.port,
-                          self.slot_store.ensure() if reuse and self.slot_store is not None else None, inst.pool)
+        argv = decision.argv(port=inst.port, alias=cfg.name,
+                             slot_dir=self.slot_store.ensure() if reuse and self.slot_store is not None else None)
         # The key goes through the environment, not argv (which every local user can read).
         env = {**os.environ, "LLAMA_API_KEY": inst.api_key}
         inst.proc = ServerProcess(argv, inst.port, inst.log_path, api_key=inst.api_key, env=env)

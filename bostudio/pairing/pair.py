@@ -163,14 +163,17 @@ def _from_profile(target: ModelInfo, engine: Engine, workload: str,
     return Selection(sp, (Considered(sp.label, f"profile {found.path.name}", True, sp.reason, sp),), 0), ""
 
 
-def pair_model(target_path: Path, engine: Engine, request: SpecRequest = SpecRequest("auto"), ctx: int = 4096,
-               probe: bool = True) -> PairReport:
+def pair_model(target_path: Path, engine: Engine, request: SpecRequest = SpecRequest("auto"), ctx: int | None = None,
+               probe: bool = True, workload: str | None = None) -> PairReport:
+    """The speculator `up` would choose for the same request, context (None: the training context, as
+    `up` prices it) and workload (its tuned profile decides first), with every candidate and why."""
     from bostudio.pairing.fetch import choose_and_fetch
 
     target = describe(target_path)
     # `pair` explains and never downloads: a hub drafter shows as what `up --pull ask|always` would fetch
     table = load_pairings() if request.mode == "auto" else PairingTable()
-    sel = choose_and_fetch(target, request, engine, ctx, policy="never", table=table)
+    sel = choose_and_fetch(target, request, engine, ctx or target.n_ctx_train, policy="never", table=table,
+                           workload=workload)
     result = None
     sp = sel.speculator
     if probe and sp.kind == "draft" and sp.draft is not None:

@@ -1,0 +1,202 @@
+"""The one launch decision, pure: from the gathered inputs (bostudio.launch.gather) to the memory
+plan and the one llama-server argv. No file, process or network access here.
+
+    decide(inputs) -> Decision          raises PlanError when nothing fits
+    view(inputs) -> (Decision, refusal) for screens: the planner's best attempt and why a launch refuses it
+    Decision.argv(port=..., alias=...)  the argv, parameterised only by port, host, alias, API key and
+                                        the slot-save directory
+
+Everything that starts a llama-server (`up`, each daemon child, `bench`) and everything that shows what
+would start (`plan`, `pair`, the TUI's plan view through the daemon's plans route) builds its argv here;
+no flag is appended anywhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from bostudio.engine.argv import LaunchSpec, build_argv
+from bostudio.engine.discover import Engine
+from bostudio.errors import PlanError
+from bostudio.gguf import ModelInfo
+from bostudio.hardware import Device
+from bostudio.planner import Intent, Plan, plan
+from bostudio.planner.fit import DEFAULT_MIN_CTX
+from bostudio.planner.memory import GIB
+from bostudio.rpc.probe import Pool
+from bostudio.speculation import Speculator
+
+# Slots of every generating server: one agent's concurrent requests (opencode sends two at once, Claude Code
+# a side request beside the main one) each get a slot. With -kvu the slots share one KV pool of the whole
+# context, so each of them can hold a prompt as long as the context; the daemon queues the requests the
+# pool cannot hold together (bostudio.daemon.admission).
+N_SLOTS = 4
+
+
+@dataclass(frozen=True)
+class LaunchIntent:
+    """What the user (or the daemon's model config) asked for.
+
+    ctx: an exact context (None: the largest that fits, up to the training context); spec: the
+    --spec request (auto | off | ngram | mtp | draft:PATH | self-draft:QUANT); speculation: the planner's
+    mode (None: auto for `--spec auto`, off for off, on for an explicit speculator); prompt_reuse: the
+    daemon's host prompt cache (--cache-ram) and full SWA caches; kind_args: the flags an embedding or
+    rerank model needs (bostudio.daemon.capabilities.ModelCaps.launch_args); generates: False for those."""
+
+    ctx: int | None = None
+    cache_type: str = "f16"
+    spec: str = "auto"
+    speculation: str | None = None
+    draft_cache_type: str | None = None  # None: the speculator's (pairings.toml cache_type_k_draft), else f16
+    min_ctx: int = DEFAULT_MIN_CTX
+    n_parallel: int = N_SLOTS
+    reserve: int = 1 * GIB
+    prompt_reuse: bool = False
+    kind_args: tuple[str, ...] = ()
+    generates: bool = True
+    verbosity: int | None = None  # -lv (None: 4 with RPC workers, to log each device's buffers)
+
+
+@dataclass(frozen=True)
+class LaunchInputs:
+    """Everything the decision reads, gathered once by the edge: the model's header, the engine (path,
+    flags), the devices (this machine's and the pool's), the RPC pool, the chosen speculator (pairing
+    tables, tuned profile, hub pulls) with its draft's header, and the intent."""
+
+    info: ModelInfo
+    engine: Engine
+    devices: tuple[Device, ...]
+    speculator: Speculator
+    draft: ModelInfo | None = None
+    pool: Pool = field(default_factory=Pool)
+    intent: LaunchIntent = field(default_factory=LaunchIntent)
+
+    def planner_intent(self) -> Intent:
+        i, sp = self.intent, self.speculator
+        mode = i.speculation or ("off" if not i.generates or i.spec == "off" else
+                                 "auto" if i.spec in ("auto", "on") else "on")
+        dk = i.draft_cache_type or sp.cache_type_k_draft or "f16"
+        dv = i.draft_cache_type or sp.cache_type_v_draft or sp.cache_type_k_draft or "f16"
+        reuse = i.prompt_reuse and i.generates
+        return Intent(ctx=i.ctx, min_ctx=i.min_ctx, speculation=mode, cache_type_k=i.cache_type,
+                      cache_type_v=i.cache_type, draft_cache_type_k=dk, draft_cache_type_v=dv,
+                      n_parallel=i.n_parallel, reserve=i.reserve, prompt_cache=reuse, swa_full=reuse)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the server's slots share its context: `slots` parallel sequences in one KV pool of
+    `pool_ctx` tokens (-kvu), each able to grow to `slot_ctx` tokens while the pool has room."""
+
+    slots: int
+    pool_ctx: int
+    slot_ctx: int
+    unified: bool = True
+
+    def line(self) -> str:
+        return (f"{self.slots} slots share one KV pool of {self.pool_ctx} tokens (-np {self.slots} -kvu): each "
+                f"request can use up to {self.slot_ctx} tokens (prompt + output) while the pool has room")
+
+    def to_json(self) -> dict:
+        return {"slots": self.slots, "pool_ctx": self.pool_ctx, "slot_ctx": self.slot_ctx, "unified": self.unified}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The plan and what runs with it."""
+
+    plan: Plan
+    inputs: LaunchInputs
+
+    @property
+    def speculator(self) -> Speculator:
+        return self.plan.chosen.speculator
+
+    @property
+    def ctx(self) -> int:
+        return self.plan.chosen.n_ctx
+
+    @property
+    def bytes(self) -> int:
+        """Everything the instance takes on all devices, by the planner's memory model."""
+        return self.plan.chosen.total
+
+    @property
+    def pool(self) -> Pool:
+        return self.inputs.pool
+
+    @property
+    def rpc(self) -> str | None:
+        """--rpc for the pool's workers: all of them, in probe order, so the RPCn names the plan
+        uses in -dev/-ts/-devd are the ones llama-server gives them."""
+        return self.pool.rpc if self.pool.devices else None
+
+    @property
+    def layout(self) -> Layout:
+        n = self.plan.intent.n_parallel
+        return Layout(n, self.ctx, self.ctx)
+
+    @property
+    def prompt_reuse(self) -> bool:
+        return self.plan.intent.prompt_cache
+
+    def args(self) -> tuple[str, ...]:
+        """The flags after the speculator's: the plan's (offload, slots, cache types, -fit off, the
+        draft's placement and cache types, prompt cache; LaunchSpec carries -c) and the model kind's."""
+        a = self.plan.llama_args()
+        i = a.index("-c")
+        return tuple(a[:i] + a[i + 2:]) + self.inputs.intent.kind_args
+
+    def launch_spec(self, *, port: int, alias: str, host: str = "127.0.0.1", api_key: str | None = None,
+                    slot_dir: Path | None = None, model: Path | None = None,
+                    speculator: Speculator | None = None) -> LaunchSpec:
+        """`speculator`: another speculator on this same memory plan (bench's A/B sides only)."""
+        sp = self.speculator if speculator is None else speculator
+        if "-ctkd" in self.args():  # the plan's draft cache types (priced at those) are the ones that run
+            sp = replace(sp, cache_type_k_draft=None, cache_type_v_draft=None)
+        extra = self.args()
+        if slot_dir is not None and self.prompt_reuse:
+            extra += ("--slot-save-path", str(slot_dir))
+        verbosity = self.inputs.intent.verbosity
+        if verbosity is None and self.rpc:
+            verbosity = 4  # -lv 4 logs each device's buffers
+        return LaunchSpec(model=model or self.inputs.info.path, alias=alias, port=port, host=host, ctx=self.ctx,
+                          speculator=sp, api_key=api_key, extra_args=extra, rpc=self.rpc, verbosity=verbosity)
+
+    def argv(self, *, port: int, alias: str, host: str = "127.0.0.1", api_key: str | None = None,
+             slot_dir: Path | None = None, speculator: Speculator | None = None) -> list[str]:
+        """The one llama-server argv. Raises EngineError when the engine lacks a flag it needs."""
+        eng = self.inputs.engine
+        return build_argv(eng.path, eng.flags, self.launch_spec(port=port, alias=alias, host=host, api_key=api_key,
+                                                                slot_dir=slot_dir, speculator=speculator))
+
+
+def _plan(inputs: LaunchInputs) -> Plan:
+    sp = inputs.speculator
+    if not inputs.intent.generates and sp.kind != "none":
+        sp = Speculator("none", reason="embedding and rerank models generate nothing to speculate on")
+    return plan(inputs.info, inputs.devices, inputs.planner_intent(), sp, inputs.draft if sp.kind != "none" else None)
+
+
+def decide(inputs: LaunchInputs) -> Decision:
+    """The plan and argv for `inputs`. Raises PlanError when the model does not fit."""
+    p = _plan(inputs)
+    if not p.chosen.fits:
+        raise PlanError(f"{inputs.info.path.name} does not fit on these devices: {p.chosen.reason}",
+                        "use a smaller quant, a smaller --ctx, or a quantized KV cache (--cache-type q8_0)")
+    return Decision(p, inputs)
+
+
+def view(inputs: LaunchInputs) -> tuple[Decision, str | None]:
+    """decide() for a screen: the decision and None, or, when a launch would refuse it, the planner's
+    best attempt and the refusal (so the screen can show the bars and why)."""
+    try:
+        p = _plan(inputs)
+    except PlanError as exc:  # speculation "on" that does not fit: show auto's plan beside the refusal
+        p = plan(inputs.info, inputs.devices, replace(inputs.planner_intent(), speculation="auto"),
+                 inputs.speculator, inputs.draft)
+        return Decision(p, inputs), exc.message
+    if not p.chosen.fits:
+        return Decision(p, inputs), f"{inputs.info.path.name} does not fit on these devices: {p.chosen.reason}"
+    return Decision(p, inputs), None
