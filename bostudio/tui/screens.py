@@ -480,6 +480,8 @@ class PlanScreen(BaseScreen):
         lines = [f"context [b]{p['ctx']}[/b] tokens (trained {p.get('n_ctx_train')}), KV {safe(p['cache_type'])}, "
                  f"total {size(p['bytes'])}",
                  f"speculator: [b]{safe(p['speculation'])}[/b] - {safe(p.get('reason', ''))}"]
+        if p.get("layout_line"):  # the slots and their shared KV pool (the daemon queues what does not fit)
+            lines.append(f"slots: {safe(p['layout_line'])}")
         if p.get("cost_line"):
             lines.append(f"trade-off: {safe(p['cost_line'])}")
         lines.append(f"why: {safe(p.get('why', ''))}")
