@@ -41,6 +41,7 @@ class Admission:
     in_use: int = 0
     pool: int = 0
     queue: deque = field(default_factory=deque)  # [tokens, future]
+    waited: int = 0  # requests that had to wait, since the daemon started
 
     @property
     def waiting(self) -> int:
@@ -57,6 +58,7 @@ class Admission:
             self.in_use += tokens
             return
         fut = asyncio.get_running_loop().create_future()
+        self.waited += 1
         entry = [tokens, fut]
         self.queue.append(entry)
         try:
@@ -86,7 +88,8 @@ class Admission:
             fut.set_result(None)
 
     def to_json(self) -> dict:
-        return {"reserved_tokens": self.in_use, "pool_tokens": self.pool, "queued": self.waiting}
+        return {"reserved_tokens": self.in_use, "pool_tokens": self.pool, "queued": self.waiting,
+                "waited_total": self.waited}
 
 
 def output_budget(body: dict) -> int | None:

@@ -221,6 +221,7 @@ class Instance:
             "break_even_source": self.break_even_source,
             "auto_off": ({"workload": self.cfg.auto_off, "reason": self.cfg.auto_off_reason}
                          if self.cfg.auto_off else None),
+            "admission": self.admission.to_json(),  # KV tokens reserved by requests in flight, and those queued
             "rpc": {"workers": self.pool.rpc, "lost": list(self.lost_workers),
                     "problems": list(self.pool.problems)} if self.pool.probes or self.lost_workers else None,
         }
