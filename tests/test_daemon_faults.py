@@ -112,7 +112,9 @@ def test_out_of_memory_is_reported_as_such_with_the_plan(daemon: DaemonProc) -> 
     assert inst["loads"] == 1  # the same plan would run out of memory again: no restart
     assert inst["error"]["type"] == "OutOfMemoryError"
     assert "out of memory" in inst["error"]["message"]
-    assert "plan:" in inst["error"]["message"] and "fake-oom at ctx 4096" in inst["error"]["message"]
+    # the plan it ran: the largest context that fits, here the tiny model's training context
+    assert "plan:" in inst["error"]["message"] and f"fake-oom at ctx {inst['plan']['ctx']}" in inst["error"]["message"]
+    assert inst["plan"]["ctx"] == inst["plan"]["n_ctx_train"]
     assert inst["error"]["plan"]["bytes"] > 0
 
 
