@@ -143,7 +143,8 @@ def test_bench_runs_auto_beside_the_sweep_it_was_chosen_from(tuned, gemma_gguf: 
         assert argv[labels[1]][argv[labels[1]].index("--spec-type") + 1] == "none"
 
 
-def test_up_launches_with_the_tuned_profile(tuned, gemma_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_up_launches_with_the_tuned_profile(tuned, gemma_gguf: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     from bostudio.up import UpOptions, prepare_launch
     from tests.netutil import free_port
 
@@ -165,6 +166,16 @@ def test_up_launches_with_the_tuned_profile(tuned, gemma_gguf: Path, monkeypatch
         if sp["n_max"] is not None:
             assert argv[argv.index("--spec-draft-n-max") + 1] == str(sp["n_max"])
     assert "profile for workload 'edit'" in prep.launch.speculator.reason
+    # `plan` and `pair` with the same workload show the argv `up` runs (the same launch decision)
+    from bostudio.cli import main
+
+    assert main(["plan", str(gemma_gguf), "--workload", "edit", "--port", str(prep.launch.port), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["argv"][1:] == argv[1:] and planned["workload"] == "edit"
+    assert main(["pair", str(gemma_gguf), "--workload", "edit", "--no-probe", "--json"]) == 0
+    paired = json.loads(capsys.readouterr().out)
+    shown = paired["launch"]["argv"]
+    assert shown[shown.index("--spec-type") + 1] == spec_type and paired["workload"] == "edit"
     # another workload has no profile: the pairing table's auto choice, as before
     other = prepare_launch(UpOptions(model=str(gemma_gguf), workload="chat", port=free_port()), note=lambda m: None)
     assert "profile" not in other.launch.speculator.reason
