@@ -798,6 +798,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run the bostudio daemon in the foreground: one OpenAI-compatible endpoint "
                                    "(/v1) that loads models on demand, routes by `model`, supervises the "
                                    "llama-server instances and measures them; a control API under /bostudio. "
+                                   "Each model runs the launch `bostudio up`/`plan` show: the largest context "
+                                   "that fits (up to its training context), 4 slots sharing one KV pool; "
+                                   "requests the pool cannot hold together wait their turn, and a prompt "
+                                   "longer than the context gets 400. "
                                    "With an ACTION, manage a background daemon instead.")
     p.set_defaults(func=cmd_daemon)
     dsub = p.add_subparsers(dest="daemon_command", metavar="ACTION")

@@ -97,3 +97,31 @@ def test_llama_servers_context_error_is_read_back_with_its_numbers() -> None:
     err = too_long("m", 5000, 4096, 32768)
     assert "5000 tokens" in err.message and "4096 tokens" in err.message and "32768" in err.hint
     assert "--ctx" not in too_long("m", 40000, 32768, 32768).hint  # already at the training context
+
+
+def test_a_load_plans_with_idle_models_memory_as_free_and_the_budget_on_the_host(monkeypatch, tmp_path) -> None:
+    """Supervisor.planning_devices: an idle model's memory counts as free (the load evicts it if it needs
+    the room), a busy one's does not, and the host holds at most the memory budget less the busy models."""
+    from pathlib import Path
+
+    from bostudio.daemon import supervisor as sv
+    from bostudio.daemon.events import EventBus
+    from bostudio.engine.discover import Engine
+    from bostudio.hardware.device import GIB, Device, ProbeResult
+
+    host = Device(vendor="cpu", backend="cpu", name="host", index=0, total_bytes=32 * GIB, free_bytes=10 * GIB)
+    monkeypatch.setattr(sv, "discover_devices", lambda **_: ProbeResult((host,)))
+    sup = sv.Supervisor(sv.SupervisorOptions(memory_budget=20 * GIB, prompt_reuse=False), EventBus())
+
+    def resident(name: str, gib: int, active: int) -> None:
+        inst = sv.Instance(sv.ModelConfig(name, Path(f"/m/{name}.gguf"), None, "auto"), state=sv.READY, active=active)
+        inst.plan = {"bytes": gib * GIB, "uses": [{"device": "CPU", "component": "weights", "bytes": gib * GIB}]}
+        sup.instances[name] = inst
+
+    resident("idle", 4, 0)
+    resident("busy", 3, 1)
+    (d,) = sup.planning_devices(Engine(Path("/x"), "explicit"), "new")
+    assert d.free_bytes == 14 * GIB  # 10 free + the idle model's 4
+    assert d.budget_bytes == 17 * GIB  # the 20 GiB budget less the busy model's 3
+    (again,) = sup.planning_devices(Engine(Path("/x"), "explicit"), "idle", running=True)
+    assert again.free_bytes == 14 * GIB  # a relaunch of `idle` frees its own memory too

@@ -36,7 +36,8 @@ def plan_for(sup: Supervisor, model: str, ctx: int | None = None, cache_type: st
     pool = sup.view_pool(cfg.name)
     inputs = child_inputs(info, eng, mode, ctx, ctype, workload=workload,
                           fallback=cfg.fallback(workload) if mode == cfg.spec else None,
-                          prompt_reuse=sup.slot_store is not None, caps=caps, pool=pool)
+                          prompt_reuse=sup.slot_store is not None, caps=caps, pool=pool,
+                          devices=sup.planning_devices(eng, cfg.name, running=True))
     decision, refused = view(inputs)
     planned = decision.plan
     o = planned.chosen

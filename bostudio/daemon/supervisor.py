@@ -31,6 +31,7 @@ from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PlanError, PortInUseError,
                              ServerError)
 from bostudio.gguf import ModelInfo, describe
+from bostudio.hardware import Device, discover_devices
 from bostudio.launch import Decision, LaunchInputs, LaunchIntent, Layout, decide, gather
 from bostudio.daemon.admission import Admission
 from bostudio.planner.memory import cache_type as cache_type_of
@@ -99,19 +100,21 @@ class ModelConfig:
 
 def child_inputs(info: ModelInfo, engine: Engine, spec_mode: str, ctx: int | None, cache_type: str = "f16", *,
                  pull: str = "never", workload: str | None = None, fallback: str | None = None,
-                 prompt_reuse: bool = False, caps: ModelCaps | None = None, pool: Pool = Pool()) -> LaunchInputs:
+                 prompt_reuse: bool = False, caps: ModelCaps | None = None, pool: Pool = Pool(),
+                 devices: tuple[Device, ...] | None = None) -> LaunchInputs:
     """The launch decision's inputs for a daemon child, gathered as for `bostudio up` (a tuned profile
     for `workload`, else the pairing table, auto-detection and compatibility check, a hub drafter
     fetched as `pull` allows). `fallback` (why auto gave up on the speculator) runs the profile's
     next-best kind, else none. With prompt reuse the plan has a host prompt cache and full SWA caches;
     embedding and rerank models (`caps`) get their flags and no speculator. RPC workers in `pool` add
-    their devices. `ctx` None: the largest context that fits, up to the training context."""
+    their devices; `devices` replaces this machine's (Supervisor.planning_devices). `ctx` None: the largest
+    context that fits, up to the training context."""
     generates = caps is None or caps.kind == "chat"
     intent = LaunchIntent(ctx=ctx, cache_type=cache_type, spec=spec_mode, prompt_reuse=prompt_reuse,
                           kind_args=caps.launch_args() if caps is not None else (), generates=generates)
     speculator = fallback_speculator(info, engine, workload, fallback) if fallback is not None and generates else None
     return gather(info, engine, intent, pool=pool, workload=workload, pull=pull, speculator=speculator,
-                  log=lambda msg: log.info("%s: %s", info.path.name, msg))
+                  devices=devices, log=lambda msg: log.info("%s: %s", info.path.name, msg))
 
 
 def decide_child(info: ModelInfo, engine: Engine, spec_mode: str, ctx: int | None, cache_type: str = "f16",
@@ -275,6 +278,31 @@ class Supervisor:
             return inst.pool
         workers = self.workers_for(name)
         return discover_pool(self.engine, workers) if workers else Pool()
+
+    def planning_devices(self, engine: Engine, name: str, running: bool = False) -> tuple[Device, ...]:
+        """This machine's devices as a load of `name` may use them: the memory of idle models counts as
+        free (the load evicts them when it needs the room; with `running`, `name`'s own too, as a
+        relaunch frees it), and the host may hold at most the memory budget less what busy models
+        keep. So the largest context that fits is the same whichever idle models happen to be loaded."""
+        freed: dict[str, int] = {}
+        busy = 0
+        for i in self.instances.values():
+            if i.state not in RESIDENT_STATES or (i.name == name and not running):
+                continue
+            if i.name != name and (i.active > 0 or i.state != READY):
+                busy += int(i.plan.get("bytes", 0))
+                continue
+            for u in i.plan.get("uses", []):
+                freed[u["device"]] = freed.get(u["device"], 0) + int(u["bytes"])
+        out = []
+        for d in discover_devices(engine_devices=engine.devices).devices:
+            free = None if d.free_bytes is None else min(d.total_bytes, d.free_bytes + freed.get(d.label, 0))
+            if d.is_gpu:
+                out.append(d.with_(free_bytes=free))
+                continue
+            cap = max(0, self.budget() - busy)
+            out.append(d.with_(free_bytes=free, budget_bytes=cap if d.budget_bytes is None else min(cap, d.budget_bytes)))
+        return tuple(out)
 
     def budget(self) -> int:
         if self.opts.memory_budget > 0:
@@ -579,10 +607,12 @@ class Supervisor:
         for problem in inst.pool.problems:
             log.warning("%s: %s; planning without it", cfg.name, problem)
         try:
+            devices = await asyncio.to_thread(self.planning_devices, engine, cfg.name)
             decision = await asyncio.to_thread(
                 lambda: decide_child(info, engine, cfg.spec, cfg.ctx, cfg.cache_type, pull=self.opts.pull,
                                      workload=workload, fallback=cfg.fallback(workload),
-                                     prompt_reuse=self.slot_store is not None, caps=caps, pool=inst.pool))
+                                     prompt_reuse=self.slot_store is not None, caps=caps, pool=inst.pool,
+                                     devices=devices))
         except PlanError as exc:
             if inst.lost_workers:  # it fitted with the worker that died: say so; retrying cannot help
                 raise WorkerLostError(f"{cfg.name} does not fit without the lost rpc worker(s) "
