@@ -203,7 +203,8 @@ def test_the_daemon_child_runs_the_flags_up_runs(daemon: DaemonProc, oai: openai
 
 
 def test_a_prompt_that_cannot_fit_is_a_400_in_the_clients_shape(daemon: DaemonProc, oai: openai.OpenAI) -> None:
-    ctx = daemon.instance(GEMMA)["ctx"] or describe_ctx(daemon)
+    oai.completions.create(model=GEMMA, prompt="1 + 1 =", max_tokens=1)  # loaded on demand
+    ctx = daemon.instance(GEMMA)["ctx"]
     huge = words(ctx + 2000)
     with pytest.raises(openai.BadRequestError) as e:
         oai.chat.completions.create(model=GEMMA, max_tokens=8, messages=[{"role": "user", "content": huge}])
@@ -219,6 +220,15 @@ def test_a_prompt_that_cannot_fit_is_a_400_in_the_clients_shape(daemon: DaemonPr
     body = a.value.body
     assert isinstance(body, dict) and body["type"] == "error"
     assert body["error"]["type"] == "invalid_request_error" and f"context of {ctx} tokens" in body["error"]["message"]
+
+    with pytest.raises(openai.BadRequestError) as rsp:  # the Responses API, same OpenAI shape
+        oai.responses.create(model=GEMMA, input=huge, max_output_tokens=16)
+    assert f"context of {ctx} tokens" in str(rsp.value)
+    import ollama
+
+    with pytest.raises(ollama.ResponseError) as oll:
+        ollama.Client(host=daemon.url, timeout=600).chat(model=GEMMA, messages=[{"role": "user", "content": huge}])
+    assert oll.value.status_code == 400 and f"context of {ctx} tokens" in oll.value.error
 
     # a prompt the daemon cannot count (token ids): llama-server's own 400 comes back in the same shape
     with pytest.raises(openai.BadRequestError) as t:
@@ -241,8 +251,3 @@ def test_at_a_small_context_concurrent_chats_queue_instead_of_failing(daemon: Da
     test_three_concurrent_2_2k_token_chats_are_all_answered(daemon, oai)
     after = daemon.instance(GEMMA)["admission"]
     assert after["queued"] == 0 and after["reserved_tokens"] == 0 and after["pool_tokens"] == 4096
-
-
-def describe_ctx(daemon: DaemonProc) -> int:
-    with daemon.http() as http:
-        return int(http.get(f"/bostudio/plans/{GEMMA}").json()["ctx"])
