@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from bostudio.daemon.admission import (Admission, QueueTimeout, exceed_message, output_budget, reservation,
+from bostudio.daemon.admission import (DRAFT_ROOM, Admission, QueueTimeout, exceed_message, output_budget, reservation,
                                        too_long)
 
 
@@ -66,14 +66,15 @@ def test_the_wait_is_bounded_and_a_cancelled_waiter_leaves_the_line() -> None:
 
 
 @pytest.mark.parametrize("body, prompt, ctx, want", [
-    ({"max_tokens": 100}, 2000, 4096, 2100),
-    ({"max_completion_tokens": 50}, 2000, 4096, 2050),
-    ({"max_output_tokens": 10}, 100, 4096, 110),  # Responses
+    ({"max_tokens": 100}, 2000, 4096, 2100 + DRAFT_ROOM),
+    ({"max_completion_tokens": 50}, 2000, 4096, 2050 + DRAFT_ROOM),
+    ({"max_output_tokens": 10}, 100, 4096, 110 + DRAFT_ROOM),  # Responses
     ({"n_predict": -1}, 1000, 4096, 4096),  # llama.cpp's "no limit"
     ({}, 1000, 4096, 4096),  # no limit: up to the end of the context
     ({"max_tokens": 100000}, 1000, 4096, 4096),
     ({"max_tokens": True}, 1000, 4096, 4096),  # not a number
-    ({"options": {"num_predict": 20}}, 10, 4096, 30),  # Ollama
+    ({"options": {"num_predict": 20}}, 10, 4096, 30 + DRAFT_ROOM),  # Ollama
+    ({"max_tokens": 4000}, 90, 4096, 4096),  # never more than the context
 ])
 def test_a_request_reserves_its_prompt_and_the_output_it_may_generate(body: dict, prompt: int, ctx: int,
                                                                       want: int) -> None:

@@ -28,6 +28,9 @@ COUNT_ROUTES = {"/v1/chat/completions": "/v1/chat/completions/input_tokens",
 PROMPT_ROUTES = ("/v1/completions", "/completion", "/completions")  # a plain prompt: /tokenize
 OUTPUT_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
 COUNT_TIMEOUT = httpx.Timeout(60.0, connect=2.0)
+# A speculating slot verifies its draft in the target's KV cache: up to n_max + 1 cells past its last
+# token for a moment (64 + 1 for llama.cpp's ngram-mod default, the longest the pairings use).
+DRAFT_ROOM = 65
 
 
 class QueueTimeout(Exception):
@@ -123,11 +126,11 @@ async def count_prompt(http: httpx.AsyncClient, path: str, raw: bytes, body: dic
 
 
 def reservation(prompt: int, body: dict, ctx: int) -> int:
-    """The KV cells a request may take at most: its prompt and the output it may generate (its
-    max_tokens, else up to the end of the context)."""
+    """The KV cells a request may take at most: its prompt, the output it may generate (its max_tokens,
+    else up to the end of the context) and the draft being verified beyond it (DRAFT_ROOM)."""
     room = max(0, ctx - prompt)
     out = output_budget(body)
-    return min(ctx, prompt + (room if out is None else min(out, room)))
+    return min(ctx, prompt + (room if out is None else min(out, room)) + DRAFT_ROOM)
 
 
 def too_long(model: str, prompt: int, ctx: int, n_ctx_train: int | None) -> RequestError:
