@@ -9,12 +9,10 @@ concurrent 2.2k-token chats are answered (queued in the KV pool, never a 500), t
 from __future__ import annotations
 
 import json
-import os
 import threading
 from pathlib import Path
 
 import anthropic
-import httpx
 import openai
 import psutil
 import pytest
