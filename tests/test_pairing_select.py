@@ -163,7 +163,9 @@ def test_pair_explains_gemma(gemma_gguf: Path, tmp_path: Path) -> None:
     assert "speculator : ngram-mod" in out
     assert "passed over: the only local model matching '*gemma-3-270m*' is the target itself" in out
     # n-gram costs its 16 MiB table plus output buffers sized for 64-token drafts over a 262k vocabulary.
-    cost = speculator_memory_bytes(describe(gemma_gguf), Speculator("ngram", ("ngram-mod",)), None, 4096)
+    # priced at the context `up` plans (the training context), as `pair` prices it by default
+    info = describe(gemma_gguf)
+    cost = speculator_memory_bytes(info, Speculator("ngram", ("ngram-mod",)), None, info.n_ctx_train)
     assert cost > 16 * 2**20
     assert f"{cost / 2**20:.1f} MiB  chosen" in out
 
