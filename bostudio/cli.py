@@ -307,7 +307,8 @@ def cmd_pair(args: argparse.Namespace) -> int:
     from bostudio.catalog.resolve import resolve_model
     from bostudio.engine.discover import find_engine
     from bostudio.gguf import describe
-    from bostudio.pairing.pair import make_self_draft, pair_model, record_self_draft
+    from bostudio.pairing.fetch import pair_model
+    from bostudio.pairing.pair import make_self_draft, record_self_draft
     from bostudio.speculation import parse_spec
 
     def note(msg: str) -> None:

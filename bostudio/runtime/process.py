@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import psutil
 
 from bostudio.errors import ModelError, OutOfMemoryError, PortInUseError, ServerError
@@ -222,11 +221,8 @@ class ServerProcess:
             while True:
                 if self.proc.poll() is not None:
                     raise classify_failure(tail(self.log_path, 40), self.port)
-                try:
-                    if client.health() == 200:
-                        return time.monotonic() - started
-                except httpx.HTTPError:
-                    pass
+                if client.health() == 200:
+                    return time.monotonic() - started
                 now = time.monotonic()
                 if watch.stalled(log_size(self.log_path), now) or now - started > timeout:
                     self.stop()
