@@ -43,8 +43,7 @@ from bostudio.profiles import (DEFAULT_BREAK_EVEN, default_workload, find_profil
                                speculator_from_json)
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.net import free_loopback_port
-from bostudio.runtime.process import (CrashHistory, LoadWatch, ServerProcess, classify_failure, listening_pid_ok,
-                                      log_size, tail)
+from bostudio.runtime.process import CrashHistory, ServerProcess, tail
 from bostudio.runtime.verify import verify_speculation
 from bostudio.speculation import Speculator, parse_spec
 
@@ -728,31 +727,8 @@ class Supervisor:
             return verify_speculation(client, inst.speculator, inst.log_path, self.opts.probe_tokens)
 
     async def _wait_ready(self, inst: Instance) -> float:
-        """/health 200 from *our* child (a decoy on the port is not us); progress vs. stall."""
-        proc = inst.proc
-        assert proc is not None and proc.proc is not None
-        started = time.monotonic()
-        watch = LoadWatch(self.opts.stall_timeout, started)
-        async with httpx.AsyncClient(base_url=proc.base_url, timeout=httpx.Timeout(2.0), trust_env=False) as http:
-            while True:
-                if proc.proc.poll() is not None:
-                    raise classify_failure(tail(inst.log_path, 40), proc.port)
-                try:
-                    healthy = (await http.get("/health")).status_code == 200
-                except httpx.HTTPError:
-                    healthy = False
-                if healthy:
-                    if proc.proc.poll() is None and listening_pid_ok(proc.proc.pid, proc.port):
-                        return time.monotonic() - started
-                    if proc.proc.poll() is not None:
-                        raise classify_failure(tail(inst.log_path, 40), proc.port)
-                    raise PortInUseError(f"another process answers on port {proc.port}, not the llama-server "
-                                         f"bostudio started (pid {proc.proc.pid}): not trusting it",
-                                         "stop whatever listens on that port, or let bostudio pick the port")
-                now = time.monotonic()
-                if watch.stalled(log_size(inst.log_path), now) or now - started > self.opts.load_timeout:
-                    raise proc.not_ready_error(now - started, watch.silent_for(now))
-                await asyncio.sleep(0.05)
+        assert inst.proc is not None
+        return await inst.proc.wait_ready_async(self.opts.load_timeout, self.opts.stall_timeout)
 
     async def _wait_exit(self, inst: Instance) -> int | None:
         assert inst.proc is not None and inst.proc.proc is not None

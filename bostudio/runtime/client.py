@@ -71,3 +71,24 @@ class LlamaClient:
 
     def metrics(self) -> str:
         return self._request("GET", "/metrics", "GET /metrics").text
+
+
+class AsyncLlamaClient:
+    """What an event loop asks a llama-server while it loads (the daemon's ready-wait)."""
+
+    def __init__(self, base_url: str, api_key: str | None = None) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=httpx.Timeout(2.0), trust_env=False)
+
+    async def __aenter__(self) -> "AsyncLlamaClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.http.aclose()
+
+    async def health(self) -> int | None:
+        """HTTP status of /health: 200 ready, 503 loading; None when nothing answers (not listening yet)."""
+        try:
+            return (await self.http.get("/health")).status_code
+        except httpx.HTTPError:
+            return None
