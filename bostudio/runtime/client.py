@@ -20,9 +20,11 @@ class LlamaClient:
     hint "see the log: PATH"."""
 
     def __init__(self, base_url: str, api_key: str | None = None, timeout: httpx.Timeout | None = TIMEOUT, *,
-                 name: str = "llama-server", log_path: Path | None = None) -> None:
+                 name: str = "llama-server", log_path: Path | None = None,
+                 transport: httpx.BaseTransport | None = None) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout, trust_env=False)
+        self.http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout, trust_env=False,
+                                 transport=transport)
         self.name = name
         self.log_path = log_path
 
