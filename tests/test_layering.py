@@ -263,3 +263,38 @@ def test_the_pure_core_loads_no_io_library(module: str) -> None:
             f"print(','.join(sorted(m for m in {IO_LIBRARIES!r} if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "", f"{module} loads {out.stdout.strip()}"
+
+
+def test_every_name_imported_from_bostudio_exists_and_comes_from_its_home() -> None:
+    """Imports inside functions run late: one naming what moved away fails only when that code runs. And a
+    function or class is imported from the module that defines it (or a package's public __init__), not
+    through another module that happens to import it: no shims left behind by a move."""
+    import importlib
+
+    files = module_files()
+    missing = []
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if not source.startswith("bostudio") or source == "bostudio.__main__":
+                continue
+            module = importlib.import_module(source)
+            for alias in node.names:
+                where = f"{path.relative_to(ROOT.parent)}:{node.lineno}"
+                if f"{source}.{alias.name}" in files:
+                    continue
+                if not hasattr(module, alias.name):
+                    missing.append(f"{where}: {source} has no {alias.name}")
+                    continue
+                home = getattr(getattr(module, alias.name), "__module__", None)
+                if (callable(getattr(module, alias.name)) and home and home.startswith("bostudio.") and home != source
+                        and files[source].name != "__init__.py"):
+                    missing.append(f"{where}: import {alias.name} from {home}, where it lives, not from {source}")
+    assert not missing, "\n".join(missing)
