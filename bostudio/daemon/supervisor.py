@@ -37,10 +37,10 @@ from bostudio.pairing.fetch import choose_and_fetch
 from bostudio.planner import Intent, Plan, plan, plan_for_launch
 from bostudio.planner.memory import cache_type as cache_type_of
 from bostudio.planner.fit import PROMPT_CACHE
-from bostudio.rpc.probe import Pool, discover_pool
-from bostudio.rpc.workers import Worker
 from bostudio.profiles import (DEFAULT_BREAK_EVEN, default_workload, find_profile, predicted_break_even,
                                speculator_from_json)
+from bostudio.rpc.probe import Pool, discover_pool
+from bostudio.rpc.workers import Worker
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.net import free_loopback_port
 from bostudio.runtime.process import CrashHistory, ServerProcess, tail
