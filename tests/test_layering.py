@@ -4,7 +4,7 @@ above its own, imports inside functions included.
 In the spirit of import-linter's contracts (harlequin keeps its UI-free core that way), done with an AST walk
 so that no tool is needed: every `import` and `from ... import` anywhere in a module (top level, functions,
 `if TYPE_CHECKING:` blocks), relative forms resolved, and `importlib.import_module("literal")`. LAYERS below is
-the order, bottom first; /work/shared/DESIGN.md describes it in words.
+the order, bottom first; the design note (DESIGN.md, "Layers") describes it in words.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {"rpc": ("bostudio.rpc",), "profiles": ("bostudio.profiles",)},
     {"pairing edge": ("bostudio.pairing.pair", "bostudio.pairing.probe", "bostudio.pairing.fetch")},
     {"launch": ("bostudio.launch",)},
-    {"up": ("bostudio.up",), "daemon": ("bostudio.daemon",), "bench": ("bostudio.bench",),
-     "agents": ("bostudio.agents",)},
-    # the TUI talks to the daemon through its client; the CLI opens the TUI
-    {"tui": ("bostudio.tui",)},
+    {"up": ("bostudio.up",), "daemon": ("bostudio.daemon",), "bench": ("bostudio.bench",)},
+    # clients of the daemon: the TUI talks to it through its client; `launch AGENT` points an agent CLI at it
+    {"tui": ("bostudio.tui",), "agents": ("bostudio.agents",)},
+    # the CLI opens the TUI (`bostudio` alone)
     {"cli": ("bostudio.cli", "bostudio.cli_bench", "bostudio.__main__")},
 )
 
