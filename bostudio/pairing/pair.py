@@ -185,8 +185,6 @@ def self_draft_info(target: ModelInfo, quant: str) -> ModelInfo:
         raise ConfigError(f"cannot estimate a {quant} copy of {target.path.name} before it exists",
                           f"make it first: `bostudio pair {target.path} --self-draft {quant}`")
     ratio = min(1.0, bpw / (total * 8 / target.n_params))
-    from dataclasses import replace
-
     return replace(target, path=made, quant=quant.upper(),
                    layer_bytes=tuple(int(b * ratio) for b in target.layer_bytes),
                    token_embd_bytes=int(target.token_embd_bytes * ratio),
