@@ -20,6 +20,8 @@ def test_write_atomic_makes_the_folder_and_replaces_the_file_whole(tmp_path: Pat
     assert stat.S_IMODE(path.stat().st_mode) == 0o600  # the owner's only, unless asked
     write_atomic(path, "second", mode=0o644)
     assert path.read_text(encoding="utf-8") == "second" and stat.S_IMODE(path.stat().st_mode) == 0o644
+    write_atomic(path, "third")  # a file keeps its mode
+    assert path.read_text(encoding="utf-8") == "third" and stat.S_IMODE(path.stat().st_mode) == 0o644
     assert sorted(p.name for p in path.parent.iterdir()) == ["state.json"]  # no temporary file left
 
 
