@@ -217,7 +217,7 @@ def _resolve_model(name: str):  # type: ignore[no-untyped-def]
 def cmd_plan(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from bostudio.bench.profiles import default_workload
+    from bostudio.profiles import default_workload
     from bostudio.catalog.resolve import model_name
     from bostudio.daemon.capabilities import model_caps
     from bostudio.engine.discover import find_engine
@@ -328,11 +328,12 @@ def cmd_pair(args: argparse.Namespace) -> int:
     from bostudio.catalog.resolve import resolve_model
     from bostudio.engine.discover import find_engine
     from bostudio.gguf import describe
-    from bostudio.bench.profiles import default_workload
+    from bostudio.profiles import default_workload
     from bostudio.catalog.resolve import model_name
     from bostudio.daemon.capabilities import model_caps
     from bostudio.launch import LaunchIntent, gather, view
-    from bostudio.pairing.pair import make_self_draft, pair_model, record_self_draft
+    from bostudio.pairing.fetch import pair_model
+    from bostudio.pairing.pair import make_self_draft, record_self_draft
     from bostudio.speculation import parse_spec
 
     def note(msg: str) -> None:

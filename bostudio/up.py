@@ -2,36 +2,29 @@
 
 from __future__ import annotations
 
-import errno
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
-
-import httpx
 
 from bostudio import paths
-from bostudio.bench.profiles import default_workload
 from bostudio.catalog.resolve import model_name, resolve_model
 from bostudio.engine.argv import LaunchSpec
 from bostudio.engine.discover import Engine, find_engine
-from bostudio.errors import ConfigError, PortInUseError, ServerError
+from bostudio.errors import ConfigError, ServerError
 from bostudio.gguf import describe
 from bostudio.launch import Decision, LaunchIntent, gather_and_decide
 from bostudio.pairing.fetch import interactive_ask, resolve_pull_policy
 from bostudio.planner import Plan
 from bostudio.planner.pool import placement_lines
+from bostudio.profiles import default_workload
 from bostudio.rpc.probe import Pool, discover_pool
 from bostudio.rpc.workers import Worker, select_workers, workers_from_config
 from bostudio.runtime.client import LlamaClient
+from bostudio.runtime.net import check_port_free
 from bostudio.runtime.process import ServerProcess, tail
-from bostudio.speculation import Speculator, parse_spec
-
-# A probe that makes n-gram speculation draft: the continuation repeats text already in the context.
-PROBE_PROMPT = "def add(a, b):\n    return a + b\n\n" * 6 + "def add(a, b):\n"
-PROBE_TOKENS = 48
+from bostudio.runtime.verify import verify_speculation
+from bostudio.speculation import parse_spec
 
 
 @dataclass(frozen=True)
@@ -46,66 +39,6 @@ class UpOptions:
     workload: str | None = None  # the tuned profile to use in auto mode; None: config.toml's, else "code"
     pull: str | None = None  # ask | always | never; None: config.toml [pull], else ask on a terminal, never headless
     rpc: str | None = None  # --rpc HOST:PORT,...; None: config.toml's [[rpc]] workers; "none": no workers
-
-
-@dataclass(frozen=True)
-class SpecStatus:
-    active: bool
-    detail: str
-    draft_n: int = 0
-    draft_accepted: int = 0
-
-
-def check_port_free(host: str, port: int) -> None:
-    if not 0 < port < 65536:
-        raise ConfigError(f"port {port} is out of range", "use a port between 1 and 65535")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise PortInUseError(f"port {port} on {host} is already in use",
-                                     "stop what is using it, or pick another port with --port P") from exc
-            if exc.errno in (errno.EADDRNOTAVAIL, errno.EINVAL):
-                raise ConfigError(f"cannot bind {host}: no such local address",
-                                  "use --host 127.0.0.1 (default) or an address of this machine") from exc
-            if exc.errno == errno.EACCES:
-                raise PortInUseError(f"not allowed to bind port {port}", "use a port above 1024") from exc
-            raise
-
-
-def _spec_failure_reason(log_path: Path) -> str:
-    for line in reversed(tail(log_path, 400)):
-        for marker in ("failed to initialize speculative decoding context:",
-                       "no implementations specified for speculative decoding",
-                       "speculative decoding not supported by this context",
-                       "vocabs are not compatible"):
-            if marker in line:
-                return line[line.index(marker):].strip()
-    return "llama-server created no speculative context for the slots (see the log)"
-
-
-def verify_speculation(client: LlamaClient, speculator: Speculator, log_path: Path,
-                       n_predict: int = PROBE_TOKENS) -> SpecStatus:
-    """Send one greedy probe; speculation is active if the probe drafted, or /slots says so."""
-    result = client.completion(PROBE_PROMPT, n_predict)
-    timings = result.get("timings", {})
-    draft_n = int(timings.get("draft_n", 0))
-    accepted = int(timings.get("draft_n_accepted", 0))
-    if speculator.kind == "none":
-        if draft_n:
-            return SpecStatus(True, f"UNEXPECTED: speculation is on ({draft_n} drafted) though it was switched off",
-                              draft_n, accepted)
-        return SpecStatus(False, "off", 0, 0)
-    if draft_n > 0:
-        return SpecStatus(True, f"active: the probe drafted {draft_n} tokens, {accepted} accepted "
-                                f"({100 * accepted / draft_n:.0f}%)", draft_n, accepted)
-    slots = client.slots()
-    if slots and all(s.get("speculative") for s in slots):
-        return SpecStatus(True, "active (every slot has a speculative context; the probe drafted nothing yet)")
-    return SpecStatus(False, "INACTIVE: " + _spec_failure_reason(log_path))
 
 
 def _raise_stop(signum: int, frame: object) -> None:
@@ -173,7 +106,7 @@ def run_up(opts: UpOptions, out=sys.stdout) -> int:
         note(f"starting llama-server on {alias} (speculation: {speculator.label}; log: {log_path})")
         server.start()
         ready_s = server.wait_ready()
-        with LlamaClient(server.base_url) as client:
+        with LlamaClient(server.base_url, log_path=log_path) as client:
             status = verify_speculation(client, speculator, log_path)
         devices = ", ".join(d.name for d in engine.devices) or "CPU"
         say(f"bostudio up: {alias} is ready in {ready_s:.1f} s")
@@ -199,9 +132,6 @@ def run_up(opts: UpOptions, out=sys.stdout) -> int:
     except KeyboardInterrupt:
         note("stopping llama-server ...")
         return 0
-    except httpx.HTTPError as exc:
-        raise ServerError(f"llama-server did not answer the probe request: {exc}",
-                          f"see the log: {log_path}") from exc
     finally:
         # Signals during clean-up must not interrupt it.
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from bostudio.bench import profiles
+from bostudio import profiles
 from bostudio.bench.measure import OFF, Sample, accept_length, project, report_json, summarise
-from bostudio.bench.tune import (DEFAULT_BREAK_EVEN, Candidate, Tally, break_even_acceptance, candidates,
-                                 choose_config, halve, median_interval, ranking, round_prompts)
+from bostudio.bench.tune import (Candidate, Tally, break_even_acceptance, candidates, choose_config, halve,
+                                 median_interval, ranking, round_prompts)
 from bostudio.bench.workloads import SHIPPED, WORKLOADS, filler_code, resolve_workloads
 from bostudio.daemon import policy
 from bostudio.daemon.stats import InstanceStats
@@ -373,7 +373,7 @@ def replay(timings: list[dict]) -> InstanceStats:
 
 def test_prose_falls_below_break_even_and_auto_relaunches_when_idle() -> None:
     st = replay(PROSE)
-    v = policy.judge_acceptance(st.draft_tokens, st.draft_accepted, st.requests, DEFAULT_BREAK_EVEN)
+    v = policy.judge_acceptance(st.draft_tokens, st.draft_accepted, st.requests, profiles.DEFAULT_BREAK_EVEN)
     assert v.state == "below" and v.acceptance == pytest.approx(26 / 120) and "below the break-even" in v.detail
     assert policy.fallback_action(v, "auto", speculating=True, busy=False) == policy.RELAUNCH
     assert policy.fallback_action(v, "auto", speculating=True, busy=True) == policy.FLAG  # waits for idle
@@ -383,14 +383,14 @@ def test_prose_falls_below_break_even_and_auto_relaunches_when_idle() -> None:
 
 def test_rewrite_stays_above_break_even() -> None:
     st = replay(REWRITE)
-    v = policy.judge_acceptance(st.draft_tokens, st.draft_accepted, st.requests, DEFAULT_BREAK_EVEN)
+    v = policy.judge_acceptance(st.draft_tokens, st.draft_accepted, st.requests, profiles.DEFAULT_BREAK_EVEN)
     assert v.state == "ok" and v.acceptance == pytest.approx(349 / 440)
     assert policy.fallback_action(v, "auto", speculating=True, busy=False) == policy.NONE
 
 
 def test_too_little_data_is_no_verdict() -> None:
     st = replay(PROSE[:1])
-    v = policy.judge_acceptance(st.draft_tokens, st.draft_accepted, st.requests, DEFAULT_BREAK_EVEN)
+    v = policy.judge_acceptance(st.draft_tokens, st.draft_accepted, st.requests, profiles.DEFAULT_BREAK_EVEN)
     assert v.state == "unknown"
     assert policy.fallback_action(v, "auto", speculating=True, busy=False) == policy.NONE
 

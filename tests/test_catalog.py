@@ -14,9 +14,9 @@ import pytest
 from bostudio.catalog import index
 from bostudio.catalog.config import CatalogConfig, load_catalog_config
 from bostudio.catalog.index import resolve_name, scan_catalog
-from bostudio.catalog.stores import quant_tag
 from bostudio.cli import main
 from bostudio.errors import ConfigError, ModelError
+from bostudio.gguf.names import quant_tag
 from tests.catalog_fixtures import Stores, add_hf_file, add_ollama_model, small_gguf, stores  # noqa: F401
 
 

@@ -21,6 +21,7 @@ from bostudio.daemon.guard import check_request
 from bostudio.daemon.service import install_unit, launchd_plist, systemd_unit
 from bostudio.daemon.stats import InstanceStats, parse_metrics, timings_from_sse
 from bostudio.errors import ConfigError, DaemonError, RequestError
+from bostudio.runtime.net import is_loopback
 from bostudio.runtime.process import CrashHistory, LoadWatch, process_matches, reap_group
 
 MIB = policy.MIB
@@ -133,7 +134,7 @@ def test_host_allowlist_and_origins() -> None:
                                             ("localhost", True), ("0.0.0.0", False), ("::", False),
                                             ("192.168.1.2", False), ("box.lan", False)])
 def test_bind_needs_a_token_beyond_loopback(host, loopback) -> None:
-    assert security.is_loopback(host) is loopback
+    assert is_loopback(host) is loopback
     if loopback:
         security.check_bind(host, None)
     else:

@@ -15,7 +15,8 @@ from bostudio.engine import build as build_module
 from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.engine.build import (PORTABLE_ENV, PORTABLE_FLAGS, BuiltEngine, backend_flags, build_engine, cache_key,
                                    is_current_default, portable_requested)
-from bostudio.engine.discover import Engine, EngineDevice, choose_engine, parse_devices, parse_help, parse_version
+from bostudio.engine.discover import Engine, choose_engine, parse_devices, parse_help, parse_version
+from bostudio.hardware.device import EngineDevice
 from bostudio.errors import BuildError
 from bostudio.speculation import Speculator
 

@@ -17,7 +17,7 @@ import openai
 import psutil
 import pytest
 
-from bostudio.bench.profiles import default_workload
+from bostudio.profiles import default_workload
 from bostudio.catalog.resolve import model_name
 from bostudio.cli import main
 from bostudio.daemon.supervisor import decide_child

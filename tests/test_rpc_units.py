@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bostudio.engine.discover import EngineDevice
 from bostudio.errors import ConfigError
-from bostudio.hardware.device import MIB
+from bostudio.hardware.device import MIB, EngineDevice
 from bostudio.planner.reported import device_buffers
 from bostudio.rpc.probe import WorkerProbe, buffer_labels, pool_devices, rpc_arg
 from bostudio.rpc.serve import RpcServeOptions, check_rpc_bind, rpc_unit, serve_argv

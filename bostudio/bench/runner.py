@@ -15,16 +15,16 @@ import httpx
 
 from bostudio import paths
 from bostudio.bench.measure import OFF, Sample
-from bostudio.bench.profiles import default_workload
 from bostudio.bench.workloads import CONTEXT_QUESTION, Task, filler_code
 from bostudio.catalog.resolve import model_name
-from bostudio.daemon.supervisor import free_loopback_port
 from bostudio.engine.discover import Engine
 from bostudio.errors import ConfigError, ServerError
 from bostudio.gguf import ModelInfo
 from bostudio.launch import Decision, LaunchIntent, gather_and_decide
 from bostudio.pairing.pair import choose, make_self_draft
+from bostudio.profiles import default_workload
 from bostudio.runtime.client import LlamaClient
+from bostudio.runtime.net import free_loopback_port
 from bostudio.runtime.process import ServerProcess
 from bostudio.speculation import DRAFT_N_MAX, NGRAM_VARIANTS, SpecRequest, Speculator, parse_spec
 
@@ -92,7 +92,7 @@ def resolve_configs(name: str, info: ModelInfo, engine: Engine, ctx: int, note: 
     the configurations it was chosen from, on the same fresh prompts."""
     if name != "sweep" and not name.startswith("sweep@"):
         return [resolve_config(name, info, engine, ctx, note)]
-    from bostudio.bench.profiles import find_profile, speculator_from_json
+    from bostudio.profiles import find_profile, speculator_from_json
 
     workload, _, count = name.partition("@")[2].partition(":")
     workload = _workload(workload, info)
@@ -153,7 +153,8 @@ class Bench:
                 proc.start()
             for s in self.servers:
                 s.proc.wait_ready(timeout=READY_TIMEOUT_S)
-                s.client = LlamaClient(s.proc.base_url, timeout=httpx.Timeout(COMPLETION_TIMEOUT_S, connect=5.0))
+                s.client = LlamaClient(s.proc.base_url, timeout=httpx.Timeout(COMPLETION_TIMEOUT_S, connect=5.0),
+                                       name=f"llama-server ({s.config.label})", log_path=s.proc.log_path)
                 s.client.completion("def f():", 4, timeout=COMPLETION_TIMEOUT_S)  # warm-up: page in the weights
         except BaseException:
             self.__exit__()
@@ -168,12 +169,9 @@ class Bench:
 
     def send(self, server: _Server, prompt: str | list[int], tokens: int) -> dict:
         assert server.client is not None
-        try:
-            # ignore_eos: a fixed output length, the same on every side of the comparison.
-            result = server.client.completion(prompt, tokens, timeout=COMPLETION_TIMEOUT_S, ignore_eos=True)
-        except httpx.HTTPError as exc:
-            raise ServerError(f"llama-server ({server.config.label}) failed a bench request: {exc}",
-                              f"see the log: {server.proc.log_path}") from exc
+        # ignore_eos: a fixed output length, the same on every side of the comparison.
+        result = server.client.completion(prompt, tokens, timeout=COMPLETION_TIMEOUT_S, what="a bench request",
+                                          ignore_eos=True)
         timings = result.get("timings")
         if not isinstance(timings, dict):
             raise ServerError(f"llama-server ({server.config.label}) sent no timings",

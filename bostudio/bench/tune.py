@@ -15,14 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bostudio.bench.measure import OFF, Sample, accept_length
-from bostudio.bench.profiles import (MIN_NOISE, Measured, ModelIdentity, Profile, beats_off, engine_identity,
-                                     save_profile, speculator_to_json)
+from bostudio.profiles import (MIN_NOISE, Measured, ModelIdentity, Profile, beats_off, engine_identity,
+                               save_profile, speculator_to_json)
 from bostudio.speculation import Speculator
 
 CONFIDENCE = 0.9  # of the interval around a candidate's median paired speed-up
-# Without a profile, the break-even acceptance assumed at run time: on this project's CPU measurements
-# (issue 12), n-gram speculation at ~50% acceptance ran at 0.92-0.97x of off on fresh code.
-DEFAULT_BREAK_EVEN = 0.55
 # Tune's prompts start here, far from the variants `bench` uses (run number + 31 x task), so that a bench after
 # a tune measures the chosen configuration on prompts the choice did not see.
 TUNE_VARIANT = 1000
@@ -302,13 +299,3 @@ def run_tune(model_path: Path, engine, workload: str, tasks, budget_s: float, to
     path = save_profile(profile)
     return TuneResult(profile, path, tuple(pool), tuple(baseline_tok), rounds, time.monotonic() - started)
 
-
-def predicted_break_even(model_path: Path, engine, workload: str | None) -> tuple[float, str]:  # type: ignore[no-untyped-def]
-    """The break-even acceptance for a running instance: its tuned profile's prediction, else the default."""
-    from bostudio.bench.profiles import find_profile
-
-    if workload:
-        found = find_profile(model_path, engine, workload)
-        if found.profile is not None and found.profile.break_even_acceptance is not None:
-            return found.profile.break_even_acceptance, f"profile {found.path.name}"
-    return DEFAULT_BREAK_EVEN, "default (no tuned profile)"

@@ -13,11 +13,11 @@ Other tables belong to other parts of bostudio and are not checked here; an unkn
 from __future__ import annotations
 
 import difflib
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from bostudio import paths
+from bostudio.config import config_table
 from bostudio.errors import ConfigError
 
 _KEYS = ("dirs", "huggingface", "lmstudio", "ollama")
@@ -31,28 +31,6 @@ class CatalogConfig:
     huggingface: bool = True
     lmstudio: bool = True
     ollama: bool = True
-
-
-def read_config(path: Path | None = None) -> dict:
-    """The parsed config.toml (default: paths.config_file()); {} when there is none."""
-    path = path or paths.config_file()
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        return {}
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read config: {exc}", "fix the TOML syntax or remove the file") from exc
-
-
-def config_table(name: str, path: Path | None = None) -> dict:
-    """The `[name]` table of config.toml (default: paths.config_file()); {} when the file or table is missing.
-    Bad TOML or a `name` that is not a table is a ConfigError naming the file."""
-    path = path or paths.config_file()
-    table = read_config(path).get(name, {})
-    if not isinstance(table, dict):
-        raise ConfigError(f"{path}: `{name}` must be a table", f"write it as [{name}]")
-    return table
 
 
 def load_catalog_config(path: Path | None = None) -> CatalogConfig:

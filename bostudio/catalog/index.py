@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from bostudio import paths
 from bostudio.catalog.config import CatalogConfig, load_catalog_config
 from bostudio.catalog.stores import Found, scan_dir, scan_hf_cache, scan_lmstudio, scan_ollama
 from bostudio.errors import GGUFFormatError, ModelError
+from bostudio.files import write_atomic
 from bostudio.gguf import ModelInfo, RopeInfo, TokenizerInfo, describe, split_part_names
 
 # The cache is dropped whenever ModelInfo's fields change, so a newer bostudio never misreads an older cache.
@@ -108,11 +108,7 @@ class _IndexCache:
             return
         for real in stale:
             del self.entries[real]
-        self.file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.file.parent, prefix=".catalog-", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"version": CACHE_VERSION, "entries": self.entries}, f)
-        os.replace(tmp, self.file)
+        write_atomic(self.file, json.dumps({"version": CACHE_VERSION, "entries": self.entries}))
 
 
 def scan_catalog(config: CatalogConfig | None = None) -> list[CatalogEntry]:

@@ -13,12 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from bostudio.gguf.names import model_stem, quant_tag
 from bostudio.gguf.split import SPLIT_RE
 
-# A quant tag in a file name: Q4_K_M, IQ2_XXS, UD-Q4_K_XL, F16, BF16, MXFP4_MOE, TQ1_0 ...
-_QUANT_RE = re.compile(
-    r"(?:^|[-_./])((?:UD-)?(?:I?Q[1-8](?:_[A-Z0-9]+)*|BF16|F16|F32|MXFP4(?:_MOE)?|TQ[12]_0))(?=[-.]|$)",
-    re.IGNORECASE)
 _OLLAMA_MODEL_MEDIA = "application/vnd.ollama.image.model"
 _DIGEST_RE = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
 MAX_MANIFEST_BYTES = 1 << 20
@@ -32,24 +29,6 @@ class Found:
     source: str  # models | dir | huggingface | lmstudio | ollama
     name: str
     aliases: tuple[str, ...] = ()
-
-
-def quant_tag(filename: str) -> str | None:
-    """The quant tag in a GGUF file name, upper-cased (`gemma-3-270m-q4_k_m.gguf` -> `Q4_K_M`), or None."""
-    stem = filename[:-5] if filename.lower().endswith(".gguf") else filename
-    m = SPLIT_RE.match(filename)
-    if m:
-        stem = m["prefix"]
-    tags = _QUANT_RE.findall(stem)
-    return tags[-1].upper() if tags else None
-
-
-def model_stem(filename: str) -> str:
-    """A file name without .gguf and without a split suffix (-00001-of-00003)."""
-    m = SPLIT_RE.match(filename)
-    if m:
-        return Path(m["prefix"]).name
-    return filename[:-5] if filename.lower().endswith(".gguf") else filename
 
 
 def _is_later_split_part(name: str) -> bool:

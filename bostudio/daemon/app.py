@@ -208,7 +208,7 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
             out.append(entry)
         return {"models": out}
 
-    @app.get("/bostudio/plans/{model}", tags=["control"],
+    @app.get("/bostudio/plans/{model:path}", tags=["control"],
              summary="The launch plan for a model: speculator, memory per device and component, argv; "
                      "ctx, cache_type and spec ask what-if without changing anything")
     async def plan(model: str, ctx: int | None = Query(None, ge=256, le=1 << 24),
@@ -221,7 +221,7 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
 
         return plan_of(sup, model, ctx, cache_type, spec)
 
-    @app.get("/bostudio/pairings/{model}", tags=["control"],
+    @app.get("/bostudio/pairings/{model:path}", tags=["control"],
              summary="The speculator each mode would pair with a model; auto's candidates and why each was passed over")
     async def pairings(model: str) -> dict:
         from bostudio.gguf import describe
@@ -281,32 +281,32 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
             return await settle(await sup.restart(cfg.name), req.wait)  # another workload, maybe another profile
         return await settle(await sup.start(cfg), req.wait)
 
-    @app.post("/bostudio/instances/{model}/stop", tags=["control"], summary="Stop an instance (SIGTERM, then SIGKILL)")
+    @app.post("/bostudio/instances/{model:path}/stop", tags=["control"], summary="Stop an instance (SIGTERM, then SIGKILL)")
     async def stop(model: str) -> dict:
         return (await sup.stop(model)).to_json()
 
-    @app.post("/bostudio/instances/{model}/restart", tags=["control"], summary="Restart an instance")
+    @app.post("/bostudio/instances/{model:path}/restart", tags=["control"], summary="Restart an instance")
     async def restart(model: str, wait: bool = True) -> dict:
         return await settle(await sup.restart(model), wait)
 
-    @app.put("/bostudio/instances/{model}/speculation", tags=["control"],
+    @app.put("/bostudio/instances/{model:path}/speculation", tags=["control"],
              summary="Switch speculation on/off/auto for a model; relaunches it if it runs")
     async def speculation(model: str, req: SpeculationRequest, wait: bool = True) -> dict:
         inst = await sup.set_speculation(model, req.mode)
         return await settle(inst, wait and inst.state != "stopped")
 
-    @app.get("/bostudio/instances/{model}/stats", tags=["control"],
+    @app.get("/bostudio/instances/{model:path}/stats", tags=["control"],
              summary="Live stats: tok/s, acceptance rate, mean accepted length")
     async def stats(model: str) -> dict:
         inst = instance_or_404(model)
         return {"model": model, "state": inst.state, **inst.stats.to_json()}
 
-    @app.get("/bostudio/instances/{model}/log", tags=["control"], summary="The last lines of an instance's log")
+    @app.get("/bostudio/instances/{model:path}/log", tags=["control"], summary="The last lines of an instance's log")
     async def log_tail(model: str, lines: int = Query(100, ge=1, le=5000)) -> dict:
         inst = instance_or_404(model)
         return {"model": model, "path": str(inst.log_path), "lines": tail(inst.log_path, lines)}
 
-    @app.get("/bostudio/instances/{model}/log/stream", tags=["control"],
+    @app.get("/bostudio/instances/{model:path}/log/stream", tags=["control"],
              summary="An instance's log as server-sent events (one `data: {\"line\": ...}` per line)")
     async def log_stream(model: str, request: Request, lines: int = Query(20, ge=0, le=5000)) -> StreamingResponse:
         inst = instance_or_404(model)

@@ -4,9 +4,7 @@ allowlist against DNS rebinding, and no cross-origin browser access."""
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
-import os
 import secrets
 import stat
 from collections.abc import Iterable
@@ -14,6 +12,8 @@ from pathlib import Path
 
 from bostudio import paths
 from bostudio.errors import ConfigError, DaemonError
+from bostudio.files import write_atomic
+from bostudio.runtime.net import is_loopback
 
 TOKEN_BYTES = 32  # 256 bits
 
@@ -25,13 +25,7 @@ def token_path() -> Path:
 def create_token(path: Path | None = None) -> Path:
     """Write a fresh 256-bit token to a file only the user can read (mode 0600), atomically."""
     path = path or token_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(TOKEN_BYTES) + "\n")
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    write_atomic(path, secrets.token_hex(TOKEN_BYTES) + "\n", mode=0o600)
     return path
 
 
@@ -55,15 +49,6 @@ def read_token(path: Path | None = None) -> str | None:
 def token_matches(given: str | None, expected: str) -> bool:
     """Constant-time comparison (no early exit on the first differing byte)."""
     return given is not None and hmac.compare_digest(given.encode(), expected.encode())
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_bind(host: str, token: str | None) -> None:

@@ -19,9 +19,11 @@ import psutil
 
 from bostudio import __version__, paths
 from bostudio.daemon import DEFAULT_HOST, DEFAULT_PORT, state
-from bostudio.daemon.security import allowed_hosts, check_bind, is_loopback, read_token
+from bostudio.daemon.security import allowed_hosts, check_bind, read_token
 from bostudio.daemon.supervisor import SupervisorOptions
 from bostudio.errors import DaemonError
+from bostudio.files import write_atomic
+from bostudio.runtime.net import check_port_free, is_loopback
 from bostudio.runtime.process import tail
 
 log = logging.getLogger("bostudio.daemon")
@@ -55,7 +57,6 @@ def run_daemon(opts: DaemonOptions) -> int:
     import uvicorn
 
     from bostudio.daemon.app import DaemonInfo, build_app
-    from bostudio.up import check_port_free
 
     token = read_token()
     check_bind(opts.host, token)
@@ -228,7 +229,5 @@ def install_unit(platform: str, host: str, port: int, write: bool = True) -> tup
     else:
         raise DaemonError(f"no user service format for {platform!r}", "use --platform linux or --platform macos")
     if write:
-        from bostudio.daemon.state import write_atomic
-
         write_atomic(path, text)
     return path, text, how

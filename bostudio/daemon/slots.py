@@ -12,12 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
+
+from bostudio.files import write_atomic
 
 log = logging.getLogger("bostudio.daemon")
 MIN_SAVE_TOKENS = 64  # a shorter prompt is cheaper to recompute than to save and load
@@ -133,9 +134,7 @@ class SlotStore:
         if data is None:
             return
         data["used"] = time.time()
-        tmp = self._meta(key.digest).with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self._meta(key.digest))
+        write_atomic(self._meta(key.digest), json.dumps(data))
 
     def drop_slot(self, key: StateKey, slot: int) -> None:
         (self.root / self.filename(key.digest, slot)).unlink(missing_ok=True)

@@ -4,12 +4,11 @@ children a killed daemon left behind (identified by pid + create time, never by 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bostudio import paths
+from bostudio.files import write_atomic
 from bostudio.runtime.process import process_matches, reap_group
 
 
@@ -47,24 +46,6 @@ def daemon_log_path() -> Path:
 
 def instance_log_path(name: str) -> Path:
     return paths.logs_dir() / "instances" / f"{name}.log"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write-to-temp, fsync, rename: a reader sees the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def save(record: DaemonRecord, path: Path | None = None) -> None:

@@ -36,15 +36,15 @@ from bostudio.launch import Decision, LaunchInputs, LaunchIntent, Layout, decide
 from bostudio.daemon.admission import Admission
 from bostudio.planner.memory import cache_type as cache_type_of
 from bostudio.planner.fit import PROMPT_CACHE
+from bostudio.profiles import (DEFAULT_BREAK_EVEN, default_workload, find_profile, predicted_break_even,
+                               speculator_from_json)
 from bostudio.rpc.probe import Pool, discover_pool
 from bostudio.rpc.workers import Worker
 from bostudio.runtime.client import LlamaClient
-from bostudio.runtime.process import (CrashHistory, LoadWatch, ServerProcess, classify_failure, listening_pid_ok,
-                                      log_size, tail)
+from bostudio.runtime.net import free_loopback_port
+from bostudio.runtime.process import CrashHistory, ServerProcess, tail
+from bostudio.runtime.verify import verify_speculation
 from bostudio.speculation import Speculator, parse_spec
-from bostudio.bench.profiles import default_workload, find_profile, speculator_from_json
-from bostudio.bench.tune import DEFAULT_BREAK_EVEN, predicted_break_even
-from bostudio.up import verify_speculation
 
 log = logging.getLogger("bostudio.daemon")
 
@@ -151,14 +151,6 @@ def unreachable_workers(workers: list[Worker], timeout: float = 2.0) -> list[Wor
         except OSError:
             dead.append(w)
     return dead
-
-
-def free_loopback_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -702,40 +694,13 @@ class Supervisor:
 
     def _probe(self, inst: Instance):
         assert inst.proc is not None and inst.speculator is not None
-        try:
-            with LlamaClient(inst.proc.base_url, inst.api_key,
-                             timeout=httpx.Timeout(self.opts.stall_timeout, connect=2.0)) as client:
-                return verify_speculation(client, inst.speculator, inst.log_path, self.opts.probe_tokens)
-        except httpx.HTTPError as exc:
-            raise ServerError(f"llama-server did not answer the probe request: {exc}",
-                              f"see the log: {inst.log_path}") from exc
+        with LlamaClient(inst.proc.base_url, inst.api_key, timeout=httpx.Timeout(self.opts.stall_timeout, connect=2.0),
+                         log_path=inst.log_path) as client:
+            return verify_speculation(client, inst.speculator, inst.log_path, self.opts.probe_tokens)
 
     async def _wait_ready(self, inst: Instance) -> float:
-        """/health 200 from *our* child (a decoy on the port is not us); progress vs. stall."""
-        proc = inst.proc
-        assert proc is not None and proc.proc is not None
-        started = time.monotonic()
-        watch = LoadWatch(self.opts.stall_timeout, started)
-        async with httpx.AsyncClient(base_url=proc.base_url, timeout=httpx.Timeout(2.0), trust_env=False) as http:
-            while True:
-                if proc.proc.poll() is not None:
-                    raise classify_failure(tail(inst.log_path, 40), proc.port)
-                try:
-                    healthy = (await http.get("/health")).status_code == 200
-                except httpx.HTTPError:
-                    healthy = False
-                if healthy:
-                    if proc.proc.poll() is None and listening_pid_ok(proc.proc.pid, proc.port):
-                        return time.monotonic() - started
-                    if proc.proc.poll() is not None:
-                        raise classify_failure(tail(inst.log_path, 40), proc.port)
-                    raise PortInUseError(f"another process answers on port {proc.port}, not the llama-server "
-                                         f"bostudio started (pid {proc.proc.pid}): not trusting it",
-                                         "stop whatever listens on that port, or let bostudio pick the port")
-                now = time.monotonic()
-                if watch.stalled(log_size(inst.log_path), now) or now - started > self.opts.load_timeout:
-                    raise proc.not_ready_error(now - started, watch.silent_for(now))
-                await asyncio.sleep(0.05)
+        assert inst.proc is not None
+        return await inst.proc.wait_ready_async(self.opts.load_timeout, self.opts.stall_timeout)
 
     async def _wait_exit(self, inst: Instance) -> int | None:
         assert inst.proc is not None and inst.proc.proc is not None

@@ -23,6 +23,7 @@ from typing import Callable
 from bostudio import paths
 from bostudio.engine.source import LlamaSource, ensure_source
 from bostudio.errors import BuildError
+from bostudio.files import write_atomic
 
 BACKENDS = ("cpu", "cuda", "hip", "sycl", "metal", "vulkan")
 
@@ -328,9 +329,7 @@ def build_engine(backend: str = "cpu", jobs: int | None = None, source: LlamaSou
     seconds = time.monotonic() - started
     manifest = {"key": key, "backend": backend, "commit": src.commit, "version": src.version,
                 "flags": flags, "base_flags": list(BASE_FLAGS), "build_seconds": round(seconds, 1), "source": str(src.root)}
-    tmp = engine_dir / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2))
-    tmp.replace(engine_dir / MANIFEST)
+    write_atomic(engine_dir / MANIFEST, json.dumps(manifest, indent=2))
     eng = read_manifest(engine_dir)
     if eng is None:
         raise BuildError("the build finished but llama-server is missing", f"see {log_path}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from bostudio.engine.build import RPC_SERVER, built_engines, is_current_default
 from bostudio.errors import EngineError
+from bostudio.hardware.device import EngineDevice
 
 PROBE_TIMEOUT_S = 20.0
 
@@ -27,15 +28,6 @@ _DEVICE_BACKEND = (("CUDA", "cuda"), ("ROCm", "hip"), ("MUSA", "musa"), ("Vulkan
 _LIB_BACKEND = re.compile(r"^(?:lib)?ggml-([a-z0-9]+)")
 KNOWN_SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
                     "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-
-
-@dataclass(frozen=True)
-class EngineDevice:
-    name: str  # e.g. CUDA0
-    description: str
-    total_mib: int
-    free_mib: int
-    backend: str
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Callable
 
 from bostudio.engine.discover import Engine
 from bostudio.errors import ConfigError, EngineError
+from bostudio.files import write_atomic
 
 QUANTIZE_TIMEOUT_S = 1800.0
 FULL_PRECISION = ("F32", "F16", "BF16")
@@ -75,5 +76,5 @@ def precision_copy(source: Path, engine: Engine, qtype: str = "F32",
     log(f"making a {qtype} copy of {source.name} with llama-quantize ...")
     stamp.unlink(missing_ok=True)
     quantize(engine, source, out, qtype)
-    stamp.write_text(want)
+    write_atomic(stamp, want, mode=0o644)
     return out

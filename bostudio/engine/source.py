@@ -14,6 +14,7 @@ from pathlib import Path
 
 from bostudio import paths
 from bostudio.errors import BuildError
+from bostudio.files import write_atomic
 
 DIST = "llama-cpp-python"
 # Fallback when the bindings are not installed (the project pins this version in pyproject.toml).
@@ -109,5 +110,5 @@ def ensure_source(version: str | None = None, log=print) -> LlamaSource:
     shutil.rmtree(sdist_root, ignore_errors=True)
     inner.replace(sdist_root)
     shutil.rmtree(tmp_dir, ignore_errors=True)
-    (sdist_root / ".bostudio-complete").write_text(version)
+    write_atomic(sdist_root / ".bostudio-complete", version, mode=0o644)
     return LlamaSource(version, root, _read_commit(sdist_root))

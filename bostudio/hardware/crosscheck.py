@@ -4,12 +4,9 @@ the engine sees, and say which GPUs this engine build cannot use."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 
-from bostudio.hardware.device import MIB, Device, ProbeResult
-
-if TYPE_CHECKING:
-    from bostudio.engine.discover import EngineDevice
+from bostudio.hardware.device import MIB, Device, EngineDevice, ProbeResult
 
 # Engine backend -> the vendors whose GPUs it drives (Vulkan drives any).
 _VENDORS = {"cuda": ("nvidia",), "hip": ("amd",), "musa": ("other",), "sycl": ("intel",),
@@ -26,7 +23,7 @@ def _vendor_of(description: str) -> str:
     return "other"
 
 
-def _score(g: Device, ed: "EngineDevice") -> tuple[bool, bool]:
+def _score(g: Device, ed: EngineDevice) -> tuple[bool, bool]:
     """Same name, same size: CUDA numbers GPUs fastest-first, NVML by PCI bus, so order alone lies."""
     desc = ed.description.lower()
     same_name = g.name.lower() in desc or desc in g.name.lower()
@@ -34,9 +31,9 @@ def _score(g: Device, ed: "EngineDevice") -> tuple[bool, bool]:
     return same_name, same_size
 
 
-def cross_check(devices: tuple[Device, ...], engine_devices: Iterable["EngineDevice"]) -> ProbeResult:
+def cross_check(devices: tuple[Device, ...], engine_devices: Iterable[EngineDevice]) -> ProbeResult:
     gpus = [d for d in devices if d.is_gpu]
-    matched: dict[int, "EngineDevice"] = {}
+    matched: dict[int, EngineDevice] = {}
     extra: list[Device] = []
     problems: list[str] = []
     for ed in engine_devices:

@@ -5,6 +5,7 @@ Unknown is a value, not an exception: a field a source cannot tell is None and p
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -78,6 +79,30 @@ class ProbeResult:
 
     def __add__(self, other: "ProbeResult") -> "ProbeResult":
         return ProbeResult(self.devices + other.devices, self.problems + other.problems)
+
+
+@dataclass(frozen=True)
+class EngineDevice:
+    """A device as the engine lists it (`llama-server --list-devices`, parsed by engine.discover):
+    `CUDA0: NVIDIA GeForce RTX 4090 (24080 MiB, 23000 MiB free)`."""
+
+    name: str  # e.g. CUDA0
+    description: str
+    total_mib: int
+    free_mib: int
+    backend: str
+
+
+CPU_ONLY = (Device(vendor="cpu", backend="cpu", name="CPU"),)
+
+
+def devices_from_engine(engine_devices: Iterable[EngineDevice]) -> tuple[Device, ...]:
+    """The devices as the engine alone sees them, without running the vendor probes: host RAM (CPU_ONLY),
+    then each device the engine lists, named as the engine names it."""
+    gpus = tuple(Device(vendor=d.backend, backend=d.backend, name=d.description, index=i,
+                        total_bytes=d.total_mib * MIB, free_bytes=d.free_mib * MIB, engine_name=d.name)
+                 for i, d in enumerate(engine_devices))
+    return CPU_ONLY + gpus
 
 
 def reading(call: Any, *args: Any) -> Any:

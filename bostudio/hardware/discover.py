@@ -6,18 +6,15 @@ import platform
 import subprocess
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import Callable, Iterable
 
 from bostudio.hardware.amd import probe_amd
 from bostudio.hardware.apple import probe_apple
 from bostudio.hardware.cpu import probe_cpu
-from bostudio.hardware.device import ProbeResult
+from bostudio.hardware.device import EngineDevice, ProbeResult
 from bostudio.hardware.intel import probe_intel
 from bostudio.hardware.crosscheck import cross_check
 from bostudio.hardware.nvidia import probe_nvidia
-
-if TYPE_CHECKING:
-    from bostudio.engine.discover import EngineDevice
 
 Runner = Callable[[list[str]], str]
 
@@ -30,7 +27,7 @@ def run_tool(argv: list[str], timeout: float = 10.0) -> str:
 def discover_devices(*, nvml: ModuleType | None = None, amdsmi: ModuleType | None = None,
                      ps: ModuleType | None = None, root: Path = Path("/"), run: Runner = run_tool,
                      system: str | None = None,
-                     engine_devices: Iterable["EngineDevice"] | None = None) -> ProbeResult:
+                     engine_devices: Iterable[EngineDevice] | None = None) -> ProbeResult:
     """Every device on this machine: GPUs per vendor, then host RAM, cross-checked with the
     devices the engine lists (`Engine.devices`, from `llama-server --list-devices`) when given.
     Each argument is a seam the tests fill with recorded output; the defaults read the real machine."""

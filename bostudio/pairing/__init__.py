@@ -3,9 +3,11 @@
     load_pairings() -> PairingTable                 the user's pairings.toml, then the shipped one
     check_compatibility(target, draft) -> CompatReport   llama.cpp's draft-simple rules, explained
     select(target, table, request, ...) -> Selection     pure: the choice, every candidate and why
-    pair_model(path, engine) -> PairReport               the edge: files, compatibility, cost, probe
+    pair.choose(target, request, engine) -> Selection     the edge: local files, compatibility, cost, profile
+    fetch.pair_model(path, engine) -> PairReport         `bostudio pair`: the choice, hub drafters, the probe
 
-`table`, `compat` and `select` are pure (no process or network access); `pair` and `probe` are the edge.
+`table`, `compat`, `select`, `cost` and `guardrails` are pure (no process or network access): the core. `pair`,
+`probe` and `fetch` are the edge, one layer higher (they read files, run tools, and reach the hub).
 """
 
 from bostudio.pairing.compat import CompatReport, Mismatch, check_compatibility

@@ -6,11 +6,9 @@ from __future__ import annotations
 from typing import Iterable
 
 from bostudio.gguf import ModelInfo
-from bostudio.hardware.device import Device
+from bostudio.hardware.device import CPU_ONLY, Device
 from bostudio.planner import NO_SPEC, Intent, memory_uses
 from bostudio.speculation import Speculator
-
-CPU_ONLY = (Device(vendor="cpu", backend="cpu", name="CPU"),)
 
 
 def speculator_memory_bytes(target: ModelInfo, sp: Speculator, draft: ModelInfo | None, ctx: int,

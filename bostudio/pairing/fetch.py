@@ -5,7 +5,7 @@ is downloaded, the drafter's GGUF header is read with range requests (catalog.re
 and the planner prices it, so the offer says its size, what it costs in context tokens, and why it was chosen.
 A drafter that is declined, or whose pull fails, is set aside with the reason and the choice falls back to
 the next candidate. `choose_and_fetch` is the one entry point: `up`, the daemon and the TUI call it with their
-own `ask` (a terminal prompt, a dialog, or none).
+own `ask` (a terminal prompt, a dialog, or none). `pair_model` is the `pair` command's report on top of it.
 """
 
 from __future__ import annotations
@@ -16,12 +16,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bostudio import paths
+from bostudio.config import read_config
 from bostudio.engine.discover import Engine
 from bostudio.errors import BostudioError, ConfigError
-from bostudio.gguf import ModelInfo
-from bostudio.hardware.device import Device
+from bostudio.gguf import ModelInfo, describe
+from bostudio.hardware.device import Device, devices_from_engine
 from bostudio.pairing.compat import check_compatibility
 from bostudio.pairing.cost import context_tokens_for
+from bostudio.pairing.pair import choose, hub_refs, local_hub_copies
+from bostudio.pairing.probe import ProbeResult, probe_tokenization
 from bostudio.pairing.select import Considered, DraftFile, Selection
 from bostudio.pairing.table import PairingTable, load_pairings
 from bostudio.speculation import SpecRequest
@@ -36,8 +39,6 @@ def default_pull_policy(interactive: bool) -> str:
 
 def configured_pull_policy(path: Path | None = None) -> str | None:
     """`[pull] policy` of config.toml, or None when it is not set."""
-    from bostudio.catalog.config import read_config
-
     path = path or paths.config_file()
     table = read_config(path).get("pull", {})
     if not isinstance(table, dict):
@@ -93,28 +94,22 @@ def _size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n / 1024:,.0f} KiB"
 
 
+@dataclass(frozen=True)
+class PairReport:
+    target: ModelInfo
+    selection: Selection
+    probe: ProbeResult | None  # tokenization probe of the chosen draft-simple pair
+    tables: tuple[Path, ...]
+
+    def to_json(self) -> dict:
+        return {"target": str(self.target.path), "architecture": self.target.architecture,
+                "tokenizer_fingerprint": self.target.tokenizer.fingerprint,
+                "tables": [str(t) for t in self.tables], **self.selection.to_json(),
+                "probe": self.probe.to_json() if self.probe else None}
+
+
 AskFn = Callable[[DrafterOffer], bool]
 LogFn = Callable[[str], None]
-
-
-def hub_refs(target: ModelInfo, table: PairingTable) -> dict[str, str]:
-    """Drafter hub refs (-> source) of the table entries that match `target` by name, architecture or
-    tokenizer. An `mtp` candidate's ref names the target's own MTP variant, a whole model: not a drafter."""
-    entries = table.matching(target.path.name, target.name, target.architecture, target.tokenizer.fingerprint)
-    return {c.hub: c.evidence for e in entries if not e.match.is_catch_all for c in e.candidates
-            if c.hub and c.kind != "mtp"}
-
-
-def local_hub_copies(refs: Mapping[str, str]) -> dict[str, Path]:
-    """Refs already in the Hugging Face cache (disk only)."""
-    from bostudio.catalog.hub import cached_path
-
-    out = {}
-    for ref in refs:
-        p = cached_path(ref)
-        if p is not None:
-            out[ref] = p
-    return out
 
 
 def remote_drafters(target: ModelInfo, refs: Mapping[str, str],
@@ -152,14 +147,12 @@ def choose_and_fetch(target: ModelInfo, request: SpecRequest, engine: Engine, ct
     offered (policy ask: `ask(offer)` decides; always: yes), pulled into the hub cache sha256-checked, and the
     choice made again with the local file. Declined or failed pulls fall back to the next candidate, and the
     reason shows in that candidate's `why`. With a `workload`, a fresh tuned profile decides first."""
-    from bostudio.pairing.pair import choose, engine_devices
-
     if policy not in PULL_POLICIES:
         raise ConfigError(f"unknown pull policy {policy!r}", "use ask, always or never")
     if request.mode != "auto":
         return choose(target, request, engine, ctx, table=table, devices=devices)[0]
     table = load_pairings() if table is None else table
-    devices = engine_devices(engine) if devices is None else devices
+    devices = devices_from_engine(engine.devices) if devices is None else devices
     refs = hub_refs(target, table)
     local = local_hub_copies(refs)
     missing = {r: s for r, s in refs.items() if r not in local}
@@ -192,6 +185,22 @@ def choose_and_fetch(target: ModelInfo, request: SpecRequest, engine: Engine, ct
             continue
         local[ref] = path
     return sel
+
+
+def pair_model(target_path: Path, engine: Engine, request: SpecRequest = SpecRequest("auto"), ctx: int | None = None,
+               probe: bool = True, workload: str | None = None) -> PairReport:
+    """The speculator `up` would choose for the same request, context (None: the training context, as
+    `up` prices it) and workload (its tuned profile decides first), with every candidate and why."""
+    target = describe(target_path)
+    # `pair` explains and never downloads: a hub drafter shows as what `up --pull ask|always` would fetch
+    table = load_pairings() if request.mode == "auto" else PairingTable()
+    sel = choose_and_fetch(target, request, engine, ctx or target.n_ctx_train, policy="never", table=table,
+                           workload=workload)
+    result = None
+    sp = sel.speculator
+    if probe and sp.kind == "draft" and sp.draft is not None:
+        result = probe_tokenization(target.path, sp.draft)
+    return PairReport(target, sel, result, table.files)
 
 
 def interactive_ask(stream_in=None, stream_out=None) -> AskFn:  # type: ignore[no-untyped-def]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bostudio import paths
+from bostudio.config import config_table
 from bostudio.errors import ConfigError
 from bostudio.speculation import SPEC_TYPE_ORDER, Speculator
 
@@ -111,8 +112,6 @@ def parse_guardrails(text: str, source: Path) -> tuple[Guardrail, ...]:
 
 def load_allowed(config: Path | None = None) -> frozenset[str]:
     """Rule ids the user overrides: `[guardrails] allow = [...]` in config.toml."""
-    from bostudio.catalog.config import config_table
-
     config = config or paths.config_file()
     table = config_table("guardrails", config)
     for key in table:

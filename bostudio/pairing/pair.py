@@ -1,10 +1,11 @@
-"""The edge of pairing: read the table and the local GGUFs, check compatibility, call the pure `select`,
-probe tokenization, make self-drafts with llama-quantize and record them in the user's table."""
+"""The edge of pairing: read the table and the local GGUFs (and hub copies already on disk), check
+compatibility, call the pure `select`, make self-drafts with llama-quantize and record them in the user's
+table. Drafters still on the hub, and the `pair` command's report, are fetch's (the layer above)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from bostudio import paths
@@ -13,30 +14,15 @@ from bostudio.engine.discover import Engine
 from bostudio.engine.quantize import quantize
 from bostudio.errors import BostudioError, ConfigError, GGUFFormatError
 from bostudio.gguf import ModelInfo, describe
-from bostudio.hardware.device import Device
+from bostudio.files import write_atomic
+from bostudio.hardware.device import Device, devices_from_engine
 from bostudio.pairing.compat import check_compatibility
-from bostudio.pairing.cost import CPU_ONLY, speculator_memory_bytes
+from bostudio.pairing.cost import speculator_memory_bytes
 from bostudio.pairing.guardrails import GuardrailContext, load_allowed, load_guardrails
-from bostudio.pairing.probe import ProbeResult, probe_tokenization
 from bostudio.pairing.select import Considered, DraftFile, Selection, select
 from bostudio.pairing.table import PairingTable, load_pairings, parse_table, user_table_path
+from bostudio.profiles import find_profile
 from bostudio.speculation import DRAFT_N_MAX, SpecRequest
-
-MIB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class PairReport:
-    target: ModelInfo
-    selection: Selection
-    probe: ProbeResult | None  # tokenization probe of the chosen draft-simple pair
-    tables: tuple[Path, ...]
-
-    def to_json(self) -> dict:
-        return {"target": str(self.target.path), "architecture": self.target.architecture,
-                "tokenizer_fingerprint": self.target.tokenizer.fingerprint,
-                "tables": [str(t) for t in self.tables], **self.selection.to_json(),
-                "probe": self.probe.to_json() if self.probe else None}
 
 
 def _could_draft(target: ModelInfo, info: ModelInfo) -> bool:
@@ -63,6 +49,26 @@ def local_gguf_paths(target: ModelInfo, extra: Iterable[Path] = ()) -> list[Path
     return list(seen)
 
 
+def hub_refs(target: ModelInfo, table: PairingTable) -> dict[str, str]:
+    """Drafter hub refs (-> source) of the table entries that match `target` by name, architecture or
+    tokenizer. An `mtp` candidate's ref names the target's own MTP variant, a whole model: not a drafter."""
+    entries = table.matching(target.path.name, target.name, target.architecture, target.tokenizer.fingerprint)
+    return {c.hub: c.evidence for e in entries if not e.match.is_catch_all for c in e.candidates
+            if c.hub and c.kind != "mtp"}
+
+
+def local_hub_copies(refs: Mapping[str, str]) -> dict[str, Path]:
+    """Refs already in the Hugging Face cache (disk only)."""
+    from bostudio.catalog.hub import cached_path
+
+    out = {}
+    for ref in refs:
+        p = cached_path(ref)
+        if p is not None:
+            out[ref] = p
+    return out
+
+
 def draft_files(target: ModelInfo, candidates: Iterable[Path]) -> list[DraftFile]:
     """Describe each candidate file and check it against the target; unreadable files are left out."""
     out = []
@@ -75,13 +81,6 @@ def draft_files(target: ModelInfo, candidates: Iterable[Path]) -> list[DraftFile
             continue
         out.append(DraftFile(info, check_compatibility(target, info)))
     return out
-
-
-def engine_devices(engine: Engine) -> tuple[Device, ...]:
-    gpus = tuple(Device(vendor=d.backend, backend=d.backend, name=d.description, index=i,
-                        total_bytes=d.total_mib * MIB, free_bytes=d.free_mib * MIB, engine_name=d.name)
-                 for i, d in enumerate(engine.devices))
-    return CPU_ONLY + gpus
 
 
 def choose(target: ModelInfo, request: SpecRequest, engine: Engine, ctx: int = 4096,
@@ -107,8 +106,6 @@ def choose(target: ModelInfo, request: SpecRequest, engine: Engine, ctx: int = 4
         table = load_pairings() if table is None else table
         named = [c.draft for e in table.entries for c in e.candidates if c.draft is not None]
         if hub_copies is None:
-            from bostudio.pairing.fetch import hub_refs, local_hub_copies
-
             hub_copies = local_hub_copies(hub_refs(target, table))
         # a hub copy keeps its snapshot path (the file's name), not the blob the catalog resolves it to
         blobs = {p.resolve() for p in hub_copies.values()}
@@ -116,7 +113,7 @@ def choose(target: ModelInfo, request: SpecRequest, engine: Engine, ctx: int = 4
         for ref, p in hub_copies.items():
             drafts += [replace(d, hub=ref) for d in draft_files(target, [p])]
         drafts += list(remote)
-    devices = engine_devices(engine) if devices is None else devices
+    devices = devices_from_engine(engine.devices) if devices is None else devices
 
     def cost(sp, draft):  # type: ignore[no-untyped-def]
         return speculator_memory_bytes(target, sp, draft, ctx, devices)
@@ -141,8 +138,6 @@ def _guard(engine: Engine, devices: tuple[Device, ...]) -> GuardrailContext:
 def _from_profile(target: ModelInfo, engine: Engine, workload: str,
                   devices: tuple[Device, ...] | None) -> tuple[Selection | None, str]:
     """The tuned profile's speculator for (model file, engine, workload), or why none applies."""
-    from bostudio.bench.profiles import find_profile
-
     found = find_profile(target.path, engine, workload)
     if found.profile is None:
         return None, found.note
@@ -153,7 +148,7 @@ def _from_profile(target: ModelInfo, engine: Engine, workload: str,
         return None, f"profile {found.path.name} needs --spec-type {','.join(missing)}: ignored"
     if sp.draft is not None and not sp.draft.is_file():
         return None, f"profile {found.path.name} names a draft that is gone ({sp.draft}): ignored"
-    guard = _guard(engine, engine_devices(engine) if devices is None else devices)
+    guard = _guard(engine, devices_from_engine(engine.devices) if devices is None else devices)
     rule = guard.blocking(sp, target.architecture, target.is_mla)
     if rule is not None:
         return None, f"profile {found.path.name} ignored: {rule.explain()}"
@@ -161,24 +156,6 @@ def _from_profile(target: ModelInfo, engine: Engine, workload: str,
                 if p.chosen else f"; off measured {p.baseline_tok_s:.1f} tok/s")
     sp = replace(sp, reason=f"auto: profile for workload {workload!r} ({found.path}): {p.why}{measured}")
     return Selection(sp, (Considered(sp.label, f"profile {found.path.name}", True, sp.reason, sp),), 0), ""
-
-
-def pair_model(target_path: Path, engine: Engine, request: SpecRequest = SpecRequest("auto"), ctx: int | None = None,
-               probe: bool = True, workload: str | None = None) -> PairReport:
-    """The speculator `up` would choose for the same request, context (None: the training context, as
-    `up` prices it) and workload (its tuned profile decides first), with every candidate and why."""
-    from bostudio.pairing.fetch import choose_and_fetch
-
-    target = describe(target_path)
-    # `pair` explains and never downloads: a hub drafter shows as what `up --pull ask|always` would fetch
-    table = load_pairings() if request.mode == "auto" else PairingTable()
-    sel = choose_and_fetch(target, request, engine, ctx or target.n_ctx_train, policy="never", table=table,
-                           workload=workload)
-    result = None
-    sp = sel.speculator
-    if probe and sp.kind == "draft" and sp.draft is not None:
-        result = probe_tokenization(target.path, sp.draft)
-    return PairReport(target, sel, result, table.files)
 
 
 # ------------------------------------------------------------------------------------------------ self-draft
@@ -208,8 +185,6 @@ def self_draft_info(target: ModelInfo, quant: str) -> ModelInfo:
         raise ConfigError(f"cannot estimate a {quant} copy of {target.path.name} before it exists",
                           f"make it first: `bostudio pair {target.path} --self-draft {quant}`")
     ratio = min(1.0, bpw / (total * 8 / target.n_params))
-    from dataclasses import replace
-
     return replace(target, path=made, quant=quant.upper(),
                    layer_bytes=tuple(int(b * ratio) for b in target.layer_bytes),
                    token_embd_bytes=int(target.token_embd_bytes * ratio),
@@ -260,8 +235,5 @@ def record_self_draft(target: ModelInfo, draft: Path, quant: str, table_path: Pa
     except BostudioError as exc:  # never leave the user's table unreadable
         raise ConfigError(f"could not record the self-draft in {table_path}: {exc}",
                           "fix the table by hand and run the command again") from exc
-    table_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = table_path.with_suffix(".toml.tmp")
-    tmp.write_text(new, encoding="utf-8")
-    tmp.replace(table_path)
+    write_atomic(table_path, new)
     return True

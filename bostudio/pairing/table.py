@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from bostudio import paths
-from bostudio.catalog.stores import quant_tag
 from bostudio.errors import ConfigError
+from bostudio.gguf.names import quant_tag
 from bostudio.speculation import KINDS, NGRAM_PARAMS, NGRAM_VARIANTS
 
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")

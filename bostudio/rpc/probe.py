@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from bostudio.engine.discover import EngineDevice, parse_devices
-from bostudio.hardware.device import MIB, Device
+from bostudio.engine.discover import parse_devices
+from bostudio.hardware.device import MIB, Device, EngineDevice
 from bostudio.rpc.workers import Worker
 
 if TYPE_CHECKING:

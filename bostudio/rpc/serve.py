@@ -18,8 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bostudio import paths
+from bostudio.engine.discover import find_engine
 from bostudio.errors import ConfigError, EngineError
+from bostudio.files import write_atomic
 from bostudio.rpc.workers import DEFAULT_PORT
+from bostudio.runtime.net import check_port_free, is_loopback
+from bostudio.runtime.process import _die_with_parent
 
 NETWORK_WARNING = ("the RPC protocol has no authentication and no encryption: anyone who can reach "
                    "this port can use this machine's devices and memory")
@@ -40,15 +44,9 @@ class RpcServeOptions:
     engine: str | None = None
 
 
-def _is_loopback(host: str) -> bool:
-    from bostudio.daemon.security import is_loopback
-
-    return is_loopback(host)
-
-
 def check_rpc_bind(host: str, port: int, allow_network: bool) -> str | None:
     """Refuse a non-loopback address without --allow-network; with it, the warning to print."""
-    if _is_loopback(host):
+    if is_loopback(host):
         return None
     if not allow_network:
         raise ConfigError(f"refusing to bind rpc-server to {host}: {NETWORK_WARNING}",
@@ -76,8 +74,6 @@ def _server_options(opts: RpcServeOptions) -> list[str]:
 
 
 def find_rpc_server(engine: str | None) -> Path:
-    from bostudio.engine.discover import find_engine
-
     eng = find_engine(engine)
     tool = eng.rpc_server
     if tool is None or not eng.has_rpc:
@@ -88,9 +84,6 @@ def find_rpc_server(engine: str | None) -> Path:
 
 def run_rpc_serve(opts: RpcServeOptions, out=sys.stdout) -> int:  # type: ignore[no-untyped-def]
     """Run rpc-server in the foreground until Ctrl-C/SIGTERM; its output goes to ours."""
-    from bostudio.up import check_port_free
-    from bostudio.runtime.process import _die_with_parent
-
     warning = check_rpc_bind(opts.host, opts.port, opts.allow_network)
     check_port_free(opts.host, opts.port)
     argv = serve_argv(find_rpc_server(opts.engine), opts)
@@ -158,7 +151,5 @@ def install_rpc_unit(opts: RpcServeOptions, write: bool = True) -> tuple[Path, s
     path = paths.systemd_user_dir() / UNIT_NAME
     text = rpc_unit(sys.executable, opts)
     if write:
-        from bostudio.daemon.state import write_atomic
-
         write_atomic(path, text)
     return path, text, "systemctl --user daemon-reload && systemctl --user enable --now bostudio-rpc"

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import difflib
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bostudio import paths
+from bostudio.config import read_config
 from bostudio.errors import ConfigError
 
 DEFAULT_PORT = 50052  # rpc-server's default (tools/rpc/rpc-server.cpp)
@@ -95,13 +95,7 @@ def _unique(workers: list[Worker], where: str) -> tuple[Worker, ...]:
 def workers_from_config(path: Path | None = None) -> tuple[Worker, ...]:
     """The `[[rpc]]` tables of config.toml (default: paths.config_file()); none when absent."""
     path = path or paths.config_file()
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        return ()
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read config: {exc}", "fix the TOML syntax or remove the file") from exc
+    data = read_config(path)
     tables = data.get("rpc", [])
     if isinstance(tables, dict):
         tables = [tables]

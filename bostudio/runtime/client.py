@@ -1,16 +1,32 @@
-"""A small llama-server HTTP client: health, slots, completions, metrics. Explicit timeouts."""
+"""A small llama-server HTTP client: health, slots, completions, metrics. Explicit timeouts.
+
+httpx's errors are translated here, once: a call that gets no answer or an error status raises ServerError
+with what was asked and where the server's log is, so callers handle bostudio's errors only.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
+
+from bostudio.errors import ServerError
 
 TIMEOUT = httpx.Timeout(10.0, connect=2.0)
 
 
 class LlamaClient:
-    def __init__(self, base_url: str, api_key: str | None = None, timeout: httpx.Timeout = TIMEOUT) -> None:
+    """`name` and `log_path` go into the errors: "llama-server (off) did not answer a bench request: ...",
+    hint "see the log: PATH"."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: httpx.Timeout | None = TIMEOUT, *,
+                 name: str = "llama-server", log_path: Path | None = None,
+                 transport: httpx.BaseTransport | None = None) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout, trust_env=False)
+        self.http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout, trust_env=False,
+                                 transport=transport)
+        self.name = name
+        self.log_path = log_path
 
     def close(self) -> None:
         self.http.close()
@@ -21,29 +37,60 @@ class LlamaClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def health(self) -> int:
-        """HTTP status of /health: 200 ready, 503 loading. Raises httpx.TransportError if not listening."""
-        return self.http.get("/health", timeout=httpx.Timeout(2.0)).status_code
+    def _error(self, what: str, exc: httpx.HTTPError) -> ServerError:
+        verb = "failed" if isinstance(exc, httpx.HTTPStatusError) else "did not answer"
+        hint = f"see the log: {self.log_path}" if self.log_path else f"is {self.name} running at {self.http.base_url}?"
+        return ServerError(f"{self.name} {verb} {what}: {exc}", hint)
 
-    def slots(self) -> list[dict]:
-        r = self.http.get("/slots")
-        r.raise_for_status()
-        return r.json()
+    def _request(self, method: str, path: str, what: str, **kw) -> httpx.Response:  # type: ignore[no-untyped-def]
+        try:
+            r = self.http.request(method, path, **kw)
+            r.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise self._error(what, exc) from exc
+        return r
 
-    def completion(self, prompt: str | list[int], n_predict: int, timeout: float = 120.0, **params) -> dict:
-        """llama-server's native /completion (greedy unless told otherwise)."""
+    def health(self) -> int | None:
+        """HTTP status of /health: 200 ready, 503 loading; None when nothing answers (not listening yet)."""
+        try:
+            return self.http.get("/health", timeout=httpx.Timeout(2.0)).status_code
+        except httpx.HTTPError:
+            return None
+
+    def slots(self, what: str = "GET /slots") -> list[dict]:
+        return self._request("GET", "/slots", what).json()
+
+    def completion(self, prompt: str | list[int], n_predict: int, timeout: float = 120.0, *,
+                   what: str = "a completion request", **params) -> dict:  # type: ignore[no-untyped-def]
+        """llama-server's native /completion (greedy unless told otherwise). `what` names the request in errors."""
         body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "cache_prompt": False, **params}
-        r = self.http.post("/completion", json=body, timeout=httpx.Timeout(timeout, connect=2.0))
-        r.raise_for_status()
-        return r.json()
+        return self._request("POST", "/completion", what, json=body,
+                             timeout=httpx.Timeout(timeout, connect=2.0)).json()
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        r = self.http.post("/tokenize", json={"content": text, "add_special": add_special})
-        r.raise_for_status()
-        return r.json()["tokens"]
+        return self._request("POST", "/tokenize", "a tokenize request",
+                             json={"content": text, "add_special": add_special}).json()["tokens"]
 
     def metrics(self) -> str:
-        r = self.http.get("/metrics")
-        r.raise_for_status()
-        return r.text
+        return self._request("GET", "/metrics", "GET /metrics").text
 
+
+class AsyncLlamaClient:
+    """What an event loop asks a llama-server while it loads (the daemon's ready-wait)."""
+
+    def __init__(self, base_url: str, api_key: str | None = None) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=httpx.Timeout(2.0), trust_env=False)
+
+    async def __aenter__(self) -> "AsyncLlamaClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.http.aclose()
+
+    async def health(self) -> int | None:
+        """HTTP status of /health: 200 ready, 503 loading; None when nothing answers (not listening yet)."""
+        try:
+            return (await self.http.get("/health")).status_code
+        except httpx.HTTPError:
+            return None

@@ -3,6 +3,7 @@ ready when /health says 200, stopped as a group (SIGTERM, then SIGKILL after a g
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import re
@@ -14,11 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import psutil
 
 from bostudio.errors import ModelError, OutOfMemoryError, PortInUseError, ServerError
-from bostudio.runtime.client import LlamaClient
+from bostudio.runtime.client import AsyncLlamaClient, LlamaClient
 
 PR_SET_PDEATHSIG = 1
 
@@ -222,11 +222,8 @@ class ServerProcess:
             while True:
                 if self.proc.poll() is not None:
                     raise classify_failure(tail(self.log_path, 40), self.port)
-                try:
-                    if client.health() == 200:
-                        return time.monotonic() - started
-                except httpx.HTTPError:
-                    pass
+                if client.health() == 200:
+                    return time.monotonic() - started
                 now = time.monotonic()
                 if watch.stalled(log_size(self.log_path), now) or now - started > timeout:
                     self.stop()
@@ -234,6 +231,29 @@ class ServerProcess:
                 if on_wait:
                     on_wait(now - started)
                 time.sleep(0.1)
+
+    async def wait_ready_async(self, timeout: float = 300.0, stall_timeout: float = 120.0) -> float:
+        """`wait_ready` for an event loop (the daemon): /health 200 from *our* child, since a decoy on the
+        port is not us; progress vs. stall as there. The caller stops the process when this raises."""
+        assert self.proc is not None
+        started = time.monotonic()
+        watch = LoadWatch(stall_timeout, started)
+        async with AsyncLlamaClient(self.base_url, self.api_key) as client:
+            while True:
+                if self.proc.poll() is not None:
+                    raise classify_failure(tail(self.log_path, 40), self.port)
+                if await client.health() == 200:
+                    if self.proc.poll() is None and listening_pid_ok(self.proc.pid, self.port):
+                        return time.monotonic() - started
+                    if self.proc.poll() is not None:
+                        raise classify_failure(tail(self.log_path, 40), self.port)
+                    raise PortInUseError(f"another process answers on port {self.port}, not the llama-server "
+                                         f"bostudio started (pid {self.proc.pid}): not trusting it",
+                                         "stop whatever listens on that port, or let bostudio pick the port")
+                now = time.monotonic()
+                if watch.stalled(log_size(self.log_path), now) or now - started > timeout:
+                    raise self.not_ready_error(now - started, watch.silent_for(now))
+                await asyncio.sleep(0.05)
 
     def not_ready_error(self, waited: float, silent: float) -> ServerError:
         return ServerError(f"llama-server did not become ready in {waited:.0f} s (silent for {silent:.0f} s)",

@@ -1,5 +1,9 @@
 """Tuned profiles: what `bostudio tune` measured and chose, per (model file identity, engine commit +
-backend, workload), with the best configuration of each speculator kind beside the choice.
+backend, workload), with the best configuration of each speculator kind beside the choice, and the
+break-even acceptance a running instance is judged by.
+
+`bostudio tune` (bench.tune) writes them; pairing (auto mode), `up`, the daemon and `bench` read them, so the
+store sits below all of them.
 
 Stored as small JSON files under $XDG_STATE_HOME/bostudio/profiles/, written atomically. A profile older
 than the engine build or the model file is ignored, with a note saying why.
@@ -8,13 +12,15 @@ than the engine build or the model file is ignored, with a note saying why.
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bostudio import paths
+from bostudio.config import config_table
 from bostudio.engine.discover import Engine
+from bostudio.errors import ConfigError
+from bostudio.files import write_atomic
 from bostudio.speculation import Speculator
 
 VERSION = 1
@@ -135,10 +141,7 @@ def profile_path(model: ModelIdentity, engine: str, workload: str) -> Path:
 
 def save_profile(p: Profile) -> Path:
     out = profile_path(ModelIdentity(p.model, p.model_size, p.model_mtime), p.engine, p.workload)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(p.to_json(), indent=2), encoding="utf-8")
-    os.replace(tmp, out)
+    write_atomic(out, json.dumps(p.to_json(), indent=2))
     return out
 
 
@@ -183,12 +186,23 @@ def default_workload(model: str, config: Path | None = None) -> str:
         "gemma-3-270m-q4_k_m" = "edit"   # one model (its name in `bostudio ls`)
 
     else "code" (the agent work bostudio is made for)."""
-    from bostudio.catalog.config import config_table
-    from bostudio.errors import ConfigError
-
     config = config or paths.config_file()
     table = config_table("workload", config)
     if not all(isinstance(v, str) and v for v in table.values()):
         raise ConfigError(f"{config}: [workload] maps model names (or `default`) to a workload name",
                           '[workload]\ndefault = "code"')
     return table.get(model) or table.get("default") or DEFAULT_WORKLOAD
+
+
+# Without a profile, the break-even acceptance assumed at run time: on this project's CPU measurements
+# (issue 12), n-gram speculation at ~50% acceptance ran at 0.92-0.97x of off on fresh code.
+DEFAULT_BREAK_EVEN = 0.55
+
+
+def predicted_break_even(model_path: Path, engine: Engine, workload: str | None) -> tuple[float, str]:
+    """The break-even acceptance for a running instance: its tuned profile's prediction, else the default."""
+    if workload:
+        found = find_profile(model_path, engine, workload)
+        if found.profile is not None and found.profile.break_even_acceptance is not None:
+            return found.profile.break_even_acceptance, f"profile {found.path.name}"
+    return DEFAULT_BREAK_EVEN, "default (no tuned profile)"
