@@ -402,6 +402,7 @@ def cmd_up_daemon(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- daemon
 
 def _daemon_options(args: argparse.Namespace):
+    from bostudio.daemon.limits import HttpLimits
     from bostudio.daemon.service import DaemonOptions
     from bostudio.daemon.supervisor import SupervisorOptions
 
@@ -416,9 +417,13 @@ def _daemon_options(args: argparse.Namespace):
                             prompt_store_bytes=int(args.prompt_store_mib * (1 << 20)),
                             max_body=int(args.max_body_mib * (1 << 20)),
                             pull="never" if pull == "ask" else pull,
-                            workers=select_workers(args.rpc, workers_from_config()))
+                            workers=select_workers(args.rpc, workers_from_config()),
+                            allow_any_model_path=args.allow_any_model_path)
+    limits = HttpLimits(header_timeout=args.header_timeout, keepalive_timeout=args.keepalive_timeout,
+                        body_timeout=args.body_timeout, max_connections=args.max_connections,
+                        max_header_bytes=int(args.max_header_kib * 1024), max_headers=args.max_headers)
     return DaemonOptions(host=args.host, port=args.port, require_token=args.require_token,
-                         allow_hosts=tuple(args.allow_host), supervisor=sup)
+                         allow_hosts=tuple(args.allow_host), supervisor=sup, limits=limits)
 
 
 def _daemon_args(args: argparse.Namespace) -> list[str]:
@@ -426,7 +431,11 @@ def _daemon_args(args: argparse.Namespace) -> list[str]:
     out = ["--memory-budget", str(args.memory_budget), "--idle-ttl", str(args.idle_ttl),
            "--stall-timeout", str(args.stall_timeout), "--stream-idle-timeout", str(args.stream_idle_timeout),
            "--failed-cooldown", str(args.failed_cooldown), "--prompt-store-mib", str(args.prompt_store_mib),
-           "--max-body-mib", str(args.max_body_mib)]
+           "--max-body-mib", str(args.max_body_mib), "--header-timeout", str(args.header_timeout),
+           "--keepalive-timeout", str(args.keepalive_timeout), "--body-timeout", str(args.body_timeout),
+           "--max-connections", str(args.max_connections), "--max-header-kib", str(args.max_header_kib),
+           "--max-headers", str(args.max_headers)]
+    out += ["--allow-any-model-path"] if args.allow_any_model_path else []
     out += ["--no-prompt-reuse"] if args.no_prompt_reuse else []
     out += ["--prompt-store-dir", args.prompt_store_dir] if args.prompt_store_dir else []
     out += ["--engine", args.engine] if args.engine else []
@@ -727,7 +736,24 @@ def build_parser() -> argparse.ArgumentParser:
                         help="retry a failed model on the next request after S seconds (default 60; 0: only "
                              "on an explicit restart); `bostudio ps` says when")
     common.add_argument("--max-body-mib", type=float, default=64, metavar="MIB",
-                        help="refuse request bodies larger than this with 413 (default 64)")
+                        help="refuse model-route request bodies larger than this with 413 (default 64; "
+                             "control-API bodies: 1 MiB)")
+    common.add_argument("--header-timeout", type=float, default=10, metavar="S",
+                        help="close a connection whose request line and headers take longer than S seconds "
+                             "(408; default 10)")
+    common.add_argument("--keepalive-timeout", type=float, default=5, metavar="S",
+                        help="close a kept-alive connection idle for S seconds between requests (default 5)")
+    common.add_argument("--body-timeout", type=float, default=30, metavar="S",
+                        help="refuse a request whose body stalls for S seconds (408; default 30)")
+    common.add_argument("--max-connections", type=int, default=256, metavar="N",
+                        help="refuse connections beyond N open ones (503; default 256)")
+    common.add_argument("--max-header-kib", type=float, default=64, metavar="KIB",
+                        help="refuse a request line plus headers larger than this (431; default 64)")
+    common.add_argument("--max-headers", type=int, default=100, metavar="N",
+                        help="refuse a request with more than N header lines (431; default 100)")
+    common.add_argument("--allow-any-model-path", action="store_true",
+                        help="let the control API load a GGUF anywhere on this machine (default: only inside "
+                             "the directories `bostudio ls` scans)")
     common.add_argument("--no-prompt-reuse", action="store_true",
                         help="no prompt reuse across reloads: no slot save/restore, llama-server's own "
                              "--cache-ram default (by default it is sized by the plan)")
