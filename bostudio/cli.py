@@ -278,8 +278,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         _print_json(dict(plan_json(p), speculation=speculator.label, reason=speculator.reason,
                          draft=str(speculator.draft) if speculator.draft else None))
     else:
-        print(render_plan(p))
-        print(f"speculator: {speculator.label} ({speculator.reason})")
+        from bostudio.display import terminal_print
+
+        terminal_print(render_plan(p))  # file names and GGUF strings inside: never raw to the terminal
+        terminal_print(f"speculator: {speculator.label} ({speculator.reason})")
     return 0 if p.chosen.fits else 1
 
 
@@ -311,7 +313,9 @@ def cmd_pair(args: argparse.Namespace) -> int:
     from bostudio.speculation import parse_spec
 
     def note(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
+        from bostudio.display import escape_terminal
+
+        print(escape_terminal(msg), file=sys.stderr, flush=True)
 
     if args.table:
         return _print_pairing_table(args.json)
@@ -328,25 +332,27 @@ def cmd_pair(args: argparse.Namespace) -> int:
         return 0 if report.selection.chosen is not None or request.mode == "off" else 1
     sel = report.selection
     sp = sel.speculator
-    print(f"{model.name} ({report.target.architecture}, {report.target.size_label}, {report.target.quant})")
-    print(f"  speculator : {sp.label}" + (f" with {sp.draft.name}" if sp.draft else ""))
-    print(f"  why        : {sp.reason}")
+    from bostudio.display import terminal_print as out  # names and reasons come from files: escaped
+
+    out(f"{model.name} ({report.target.architecture}, {report.target.size_label}, {report.target.quant})")
+    out(f"  speculator : {sp.label}" + (f" with {sp.draft.name}" if sp.draft else ""))
+    out(f"  why        : {sp.reason}")
     if report.probe is not None:
         pr = report.probe
         probe = (f"failed to run ({pr.error})" if pr.error else
                  f"ids equal on all {pr.texts} probe texts" if pr.ok else
                  f"ids differ on {pr.differing} of {pr.texts} probe texts: {pr.first} (costs acceptance)")
-        print(f"  tokenizers : {probe}")
-    print(f"  candidates (memory at --ctx {args.ctx}, according to the planner):")
+        out(f"  tokenizers : {probe}")
+    out(f"  candidates (memory at --ctx {args.ctx}, according to the planner):")
     for i, c in enumerate(sel.considered):
         mark = "*" if i == sel.chosen else " "
         state = "chosen" if i == sel.chosen else ("usable" if c.usable else "passed over")
-        print(f"  {mark} {c.label:<40} {_mib(c.memory_bytes):>10}  {state}: {c.why}")
-        print(f"      from {c.origin}" + (f"; note: {c.note}" if c.note else ""))
+        out(f"  {mark} {c.label:<40} {_mib(c.memory_bytes):>10}  {state}: {c.why}")
+        out(f"      from {c.origin}" + (f"; note: {c.note}" if c.note else ""))
         if c.hub:
-            print(f"      hub ref {c.hub}" + (f"; source: {c.evidence}" if c.evidence else ""))
+            out(f"      hub ref {c.hub}" + (f"; source: {c.evidence}" if c.evidence else ""))
     if report.tables:
-        print(f"  tables     : {', '.join(str(t) for t in report.tables)}")
+        out(f"  tables     : {', '.join(str(t) for t in report.tables)}")
     return 0 if sel.chosen is not None or request.mode == "off" else 1
 
 
