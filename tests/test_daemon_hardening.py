@@ -443,3 +443,68 @@ def test_plan_and_pair_never_print_control_characters_from_a_file_name(engine, t
         out = proc.stdout + proc.stderr
         assert b"\x1b" not in out and b"\x07" not in out, (args, out[-500:])
         assert b"evil\\x1b[31m\\x07name" in proc.stdout, (args, proc.stdout[-500:], proc.stderr[-500:])
+
+
+# ------------------------------------------------------------------ pieces, without a daemon
+
+def test_gguf_reads_refuse_a_fifo_before_opening_it(tmp_path: Path) -> None:
+    from bostudio.errors import GGUFFormatError
+    from bostudio.gguf.split import read_header
+
+    fifo = tmp_path / "x.gguf"
+    os.mkfifo(fifo)
+    done: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            read_header(fifo)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            done.append(exc)
+
+    t = threading.Thread(target=read, daemon=True)  # an open() of a FIFO would block for good
+    t.start()
+    t.join(GUARD_S)
+    assert done and isinstance(done[0], GGUFFormatError) and "not a regular file (a FIFO)" in str(done[0])
+
+
+def test_the_prompt_store_reads_only_what_it_wrote(tmp_path: Path) -> None:
+    from bostudio.daemon.slots import SlotStore, StoreError, state_key
+
+    store = SlotStore(tmp_path / "store", cap_bytes=1 << 20)
+    key = state_key(tiny_llama(tmp_path / "m.gguf"), "e", 1024)
+    (store.ensure() / store.filename(key.digest, 0)).write_bytes(b"\0" * 100)
+    store.record(key, {0: {"tokens": 500, "bytes": 100}})
+    for name, text in (("0" * 32 + ".json", "[1, 2]"), ("1" * 32 + ".json", '{"key": {}, "slots": {"0": 7}}'),
+                       ("2" * 32 + ".json", "{" * 5000), ("notes.json", "{}")):
+        (store.root / name).write_text(text)
+    (store.root / ("3" * 32 + ".json")).symlink_to(store.root / f"{key.digest}.json")
+    usage = store.usage()  # never raises
+    assert [e["digest"] for e in usage["entries"]] == [key.digest]
+    assert {i["file"] for i in usage["ignored"]} == {"0" * 32 + ".json", "1" * 32 + ".json", "2" * 32 + ".json",
+                                                     "notes.json", "3" * 32 + ".json"}
+    assert store.for_key(key) == {0: 500} and store.enforce_cap() == []
+    os.chmod(store.root, 0o777)  # writable by anyone: not trusted
+    with pytest.raises(StoreError, match="writable by other users"):
+        store.ensure()
+    assert "writable by other users" in store.usage()["error"]
+
+
+def test_the_token_is_checked_before_any_body_is_read(tmp_path: Path, fake_root: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.daemon_util import daemon_env
+
+    env = daemon_env(tmp_path, fake_root / "models")
+    subprocess.run([sys.executable, "-m", "bostudio", "daemon", "token", "--new"], env=env, check=True,
+                   timeout=GUARD_S, capture_output=True)
+    d = DaemonProc(tmp_path, fake_root / "models", ["--engine", str(fake_root / "llama-server"), "--require-token"])
+    d.start()
+    try:
+        s = connect(d)  # declares a body and never sends it: the refusal does not wait for it
+        s.sendall(request_head("/v1/chat/completions", d.port, "Content-Length: 1000000\r\n\r\n"))
+        raw = read_all(s)  # ... and the connection is closed, not kept for the next try
+        s.close()
+        assert status_of(raw) == 401 and b"connection: close" in raw.lower()
+    finally:
+        assert d.stop() == 0

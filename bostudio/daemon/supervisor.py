@@ -362,7 +362,7 @@ class Supervisor:
         """Every model name the router serves: GGUFs in the models dir plus models started by path."""
         # is_file() is a stat: a FIFO or device named *.gguf is never listed, so nothing opens it.
         found = {model_name(p): p for p in sorted(paths.models_dir().glob("*.gguf")) if p.is_file()}
-        found.update({name: cfg.path for name, cfg in self.configs.items()})
+        found.update({name: cfg.path for name, cfg in list(self.configs.items())})  # list(): a worker may call it
         return found
 
     def config_for(self, name: str) -> ModelConfig:
@@ -392,8 +392,9 @@ class Supervisor:
         Raises before anything is registered, so a refused value never sticks to the model's config."""
         path = self.locate(model)
         check_spec(spec, self.opts.allow_any_model_path)
-        if ctx is not None:
-            target = path or self.config_for(model).path
+        known = self.configs.get(model)
+        target = path or (known.path if known else self.catalog().get(model))
+        if ctx is not None and target is not None:  # (an unknown name is refused by register)
             trained = describe(target).n_ctx_train
             if trained and ctx > trained:
                 raise RequestError(f"ctx {ctx} is larger than the {trained} tokens {model_name(target)} was "
