@@ -100,13 +100,7 @@ class SlotStore:
             return None
         except OSError as exc:
             return f"cannot be read: {exc.strerror or exc}"
-        if not stat.S_ISDIR(st.st_mode):
-            return "is not a directory"
-        if hasattr(os, "getuid") and st.st_uid != os.getuid():
-            return f"belongs to another user (uid {st.st_uid})"
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
-        return None
+        return "is not a directory" if not stat.S_ISDIR(st.st_mode) else _not_yours(st)
 
     def _meta(self, digest: str) -> Path:
         return self.root / f"{digest}.json"
@@ -123,10 +117,8 @@ class SlotStore:
             return f"cannot be read: {exc.strerror or exc}"
         if not stat.S_ISREG(st.st_mode):
             return "is not a regular file"
-        if hasattr(os, "getuid") and st.st_uid != os.getuid():
-            return f"belongs to another user (uid {st.st_uid})"
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return "is writable by other users"
+        if _not_yours(st):
+            return _not_yours(st)
         if path.suffix == ".json" and st.st_size > MAX_SIDECAR_BYTES:
             return f"is {st.st_size} bytes, larger than any sidecar the store writes"
         return None
@@ -264,6 +256,15 @@ class SlotStore:
         if problem:
             out["error"] = f"the directory {problem}"
         return out
+
+
+def _not_yours(st: os.stat_result) -> str | None:
+    """Why a file or dir with this stat is not this user's alone, or None."""
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"belongs to another user (uid {st.st_uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
 
 
 def _sidecar_problem(data: object) -> str | None:
