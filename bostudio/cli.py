@@ -281,12 +281,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
                          ctx=decision.ctx, layout=decision.layout.to_json(), argv=argv, fits=refused is None,
                          not_fit_reason=refused or ""))
     else:
-        print(render_plan(p))
-        print(f"speculator: {speculator.label} ({speculator.reason})")
-        print(f"slots: {decision.layout.line()}")
+        from bostudio.display import terminal_print
+
+        terminal_print(render_plan(p))  # file names and GGUF strings inside: never raw to the terminal
+        terminal_print(f"speculator: {speculator.label} ({speculator.reason})")
+        terminal_print(f"slots: {decision.layout.line()}")
         if refused is not None:
-            print(f"does not launch: {refused}")
-        print("runs: " + " ".join(_quote(a) for a in argv))
+            terminal_print(f"does not launch: {refused}")
+        terminal_print("runs: " + " ".join(_quote(a) for a in argv))
     return 0 if refused is None else 1
 
 
@@ -337,7 +339,9 @@ def cmd_pair(args: argparse.Namespace) -> int:
     from bostudio.speculation import parse_spec
 
     def note(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
+        from bostudio.display import escape_terminal
+
+        print(escape_terminal(msg), file=sys.stderr, flush=True)
 
     if args.table:
         return _print_pairing_table(args.json)
@@ -366,29 +370,31 @@ def cmd_pair(args: argparse.Namespace) -> int:
         return 0 if report.selection.chosen is not None or request.mode == "off" else 1
     sel = report.selection
     sp = sel.speculator
-    print(f"{model.name} ({report.target.architecture}, {report.target.size_label}, {report.target.quant})")
-    print(f"  speculator : {sp.label}" + (f" with {sp.draft.name}" if sp.draft else ""))
-    print(f"  why        : {sp.reason}")
+    from bostudio.display import terminal_print as out  # names and reasons come from files: escaped
+
+    out(f"{model.name} ({report.target.architecture}, {report.target.size_label}, {report.target.quant})")
+    out(f"  speculator : {sp.label}" + (f" with {sp.draft.name}" if sp.draft else ""))
+    out(f"  why        : {sp.reason}")
     if report.probe is not None:
         pr = report.probe
         probe = (f"failed to run ({pr.error})" if pr.error else
                  f"ids equal on all {pr.texts} probe texts" if pr.ok else
                  f"ids differ on {pr.differing} of {pr.texts} probe texts: {pr.first} (costs acceptance)")
-        print(f"  tokenizers : {probe}")
-    print(f"  candidates (memory at {args.ctx or info.n_ctx_train} tokens of context, according to the planner):")
+        out(f"  tokenizers : {probe}")
+    out(f"  candidates (memory at {args.ctx or info.n_ctx_train} tokens of context, according to the planner):")
     for i, c in enumerate(sel.considered):
         mark = "*" if i == sel.chosen else " "
         state = "chosen" if i == sel.chosen else ("usable" if c.usable else "passed over")
-        print(f"  {mark} {c.label:<40} {_mib(c.memory_bytes):>10}  {state}: {c.why}")
-        print(f"      from {c.origin}" + (f"; note: {c.note}" if c.note else ""))
+        out(f"  {mark} {c.label:<40} {_mib(c.memory_bytes):>10}  {state}: {c.why}")
+        out(f"      from {c.origin}" + (f"; note: {c.note}" if c.note else ""))
         if c.hub:
-            print(f"      hub ref {c.hub}" + (f"; source: {c.evidence}" if c.evidence else ""))
+            out(f"      hub ref {c.hub}" + (f"; source: {c.evidence}" if c.evidence else ""))
     if report.tables:
-        print(f"  tables     : {', '.join(str(t) for t in report.tables)}")
-    print(f"  workload   : {workload} (its tuned profile decides first, as for `up`)")
-    print(f"  up runs    : {decision.speculator.label} at {decision.ctx} tokens; {decision.plan.why}"
-          + (f" (does not launch: {refused})" if refused else ""))
-    print("      " + " ".join(_quote(a) for a in argv))
+        out(f"  tables     : {', '.join(str(t) for t in report.tables)}")
+    out(f"  workload   : {workload} (its tuned profile decides first, as for `up`)")
+    out(f"  up runs    : {decision.speculator.label} at {decision.ctx} tokens; {decision.plan.why}"
+        + (f" (does not launch: {refused})" if refused else ""))
+    out("      " + " ".join(_quote(a) for a in argv))
     return 0 if sel.chosen is not None or request.mode == "off" else 1
 
 
@@ -444,6 +450,7 @@ def cmd_up_daemon(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- daemon
 
 def _daemon_options(args: argparse.Namespace):
+    from bostudio.daemon.limits import HttpLimits
     from bostudio.daemon.service import DaemonOptions
     from bostudio.daemon.supervisor import SupervisorOptions
 
@@ -458,9 +465,13 @@ def _daemon_options(args: argparse.Namespace):
                             prompt_store_bytes=int(args.prompt_store_mib * (1 << 20)),
                             max_body=int(args.max_body_mib * (1 << 20)),
                             pull="never" if pull == "ask" else pull,
-                            workers=select_workers(args.rpc, workers_from_config()))
+                            workers=select_workers(args.rpc, workers_from_config()),
+                            allow_any_model_path=args.allow_any_model_path)
+    limits = HttpLimits(header_timeout=args.header_timeout, keepalive_timeout=args.keepalive_timeout,
+                        body_timeout=args.body_timeout, max_connections=args.max_connections,
+                        max_header_bytes=int(args.max_header_kib * 1024), max_headers=args.max_headers)
     return DaemonOptions(host=args.host, port=args.port, require_token=args.require_token,
-                         allow_hosts=tuple(args.allow_host), supervisor=sup)
+                         allow_hosts=tuple(args.allow_host), supervisor=sup, limits=limits)
 
 
 def _daemon_args(args: argparse.Namespace) -> list[str]:
@@ -468,7 +479,11 @@ def _daemon_args(args: argparse.Namespace) -> list[str]:
     out = ["--memory-budget", str(args.memory_budget), "--idle-ttl", str(args.idle_ttl),
            "--stall-timeout", str(args.stall_timeout), "--stream-idle-timeout", str(args.stream_idle_timeout),
            "--failed-cooldown", str(args.failed_cooldown), "--prompt-store-mib", str(args.prompt_store_mib),
-           "--max-body-mib", str(args.max_body_mib)]
+           "--max-body-mib", str(args.max_body_mib), "--header-timeout", str(args.header_timeout),
+           "--keepalive-timeout", str(args.keepalive_timeout), "--body-timeout", str(args.body_timeout),
+           "--max-connections", str(args.max_connections), "--max-header-kib", str(args.max_header_kib),
+           "--max-headers", str(args.max_headers)]
+    out += ["--allow-any-model-path"] if args.allow_any_model_path else []
     out += ["--no-prompt-reuse"] if args.no_prompt_reuse else []
     out += ["--prompt-store-dir", args.prompt_store_dir] if args.prompt_store_dir else []
     out += ["--engine", args.engine] if args.engine else []
@@ -781,7 +796,24 @@ def build_parser() -> argparse.ArgumentParser:
                         help="retry a failed model on the next request after S seconds (default 60; 0: only "
                              "on an explicit restart); `bostudio ps` says when")
     common.add_argument("--max-body-mib", type=float, default=64, metavar="MIB",
-                        help="refuse request bodies larger than this with 413 (default 64)")
+                        help="refuse model-route request bodies larger than this with 413 (default 64; "
+                             "control-API bodies: 1 MiB)")
+    common.add_argument("--header-timeout", type=float, default=10, metavar="S",
+                        help="close a connection whose request line and headers take longer than S seconds "
+                             "(408; default 10)")
+    common.add_argument("--keepalive-timeout", type=float, default=5, metavar="S",
+                        help="close a kept-alive connection idle for S seconds between requests (default 5)")
+    common.add_argument("--body-timeout", type=float, default=30, metavar="S",
+                        help="refuse a request whose body stalls for S seconds (408; default 30)")
+    common.add_argument("--max-connections", type=int, default=256, metavar="N",
+                        help="refuse connections beyond N open ones (503; default 256)")
+    common.add_argument("--max-header-kib", type=float, default=64, metavar="KIB",
+                        help="refuse a request line plus headers larger than this (431; default 64)")
+    common.add_argument("--max-headers", type=int, default=100, metavar="N",
+                        help="refuse a request with more than N header lines (431; default 100)")
+    common.add_argument("--allow-any-model-path", action="store_true",
+                        help="let the control API load a GGUF anywhere on this machine (default: only inside "
+                             "the directories `bostudio ls` scans)")
     common.add_argument("--no-prompt-reuse", action="store_true",
                         help="no prompt reuse across reloads: no slot save/restore, llama-server's own "
                              "--cache-ram default (by default it is sized by the plan)")

@@ -38,6 +38,18 @@ def escape_untrusted(text: str, *, multiline: bool = False) -> str:
     return _RICH_TAG.sub(lambda m: f"{m.group(1)}{m.group(1)}\\{m.group(2)}", "".join(out))
 
 
+def escape_terminal(text: str) -> str:
+    """Plain text for a terminal (no Rich): control and format characters of `text` as \\xNN escapes,
+    newlines and tabs kept. For lines that mix our own layout with file names (plan, pair)."""
+    return "".join(_escape_char(ch) if ch not in "\n\t" and unicodedata.category(ch) in
+                   ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp") else ch for ch in text)
+
+
+def terminal_print(*parts: object, **kw) -> None:
+    """print() with every part through escape_terminal."""
+    print(*(escape_terminal(str(p)) for p in parts), **kw)
+
+
 def human_bytes(n: int) -> str:
     """1536 -> '1.5 KiB'; binary units, as llama.cpp prints them."""
     value = float(n)

@@ -1,4 +1,7 @@
-"""Shared fixtures: the built engine, the embedded real model, free ports, a running server."""
+"""Shared fixtures: the built engine, the embedded real model, free ports, a running server; and the
+suite's process hygiene: what a failed test started is killed, and the run fails if a llama-server or
+`bostudio` process it started is still alive at the end (tests/proc_guard.py finds them by a marker
+in their environment, never by name alone)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,11 @@ import pytest
 
 from bostudio.catalog.embedded import ensure_default_model
 from bostudio.engine.discover import Engine, choose_engine, discover_engines
+from tests import proc_guard
 from tests.netutil import free_port
+
+# Set before any test starts a process, so every process of this run carries it.
+SUITE_MARK = proc_guard.install()
 
 
 @pytest.fixture(scope="session")
@@ -73,3 +80,45 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for mark in item.iter_markers(name="skip"):
             raise pytest.UsageError(f"{item.nodeid} is marked skip: make it run or delete it")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        item.stash.setdefault(_FAILED, []).append(report.when)
+
+
+_FAILED = pytest.StashKey[list]()
+
+
+@pytest.fixture(autouse=True)
+def _stop_what_a_failed_test_started(request: pytest.FixtureRequest):
+    """A test that fails midway may skip its own cleanup: kill every process it started (not those of
+    older fixtures, nor their children) once its fixtures are torn down."""
+    before = set(proc_guard.suite_processes(SUITE_MARK))
+    yield
+    if request.node.stash.get(_FAILED, None):
+        left = proc_guard.new_since(SUITE_MARK, before)
+        if left:
+            print(f"\nkilling what the failed test {request.node.nodeid} left running: "
+                  + "; ".join(f"{pid} {proc_guard.describe(pid)}" for pid in left), file=sys.stderr)
+            proc_guard.kill(left)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if a llama-server or bostudio process it started outlived it (and kill it)."""
+    left = proc_guard.left_servers(SUITE_MARK)
+    if not left:
+        return
+    lines = [f"  pid {pid}: {proc_guard.describe(pid)}" for pid in left]
+    proc_guard.kill(left)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    message = "the test run left these processes running (killed now):\n" + "\n".join(lines)
+    if reporter is not None:
+        reporter.write_sep("=", "leftover processes", red=True)
+        reporter.write_line(message)
+    else:
+        print(message, file=sys.stderr)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -17,7 +17,7 @@ import pytest
 from bostudio import paths
 from tests.netutil import free_port
 
-READY_TIMEOUT_S = 30
+READY_TIMEOUT_S = 300  # a hang guard, not a speed test: a loaded machine starts a daemon slowly
 TESTS = Path(__file__).resolve().parent
 
 
@@ -36,19 +36,23 @@ class DaemonProc:
         out = open(self.root / f"daemon-{self.port}.out", "ab")
         # Saved prompt states stay inside the test's own dir unless the test names a store.
         store = [] if "--prompt-store-dir" in self.args else ["--prompt-store-dir", str(self.root / "prompts")]
+        # Its own process group: a stop that fails can take the whole group down.
         self.proc = subprocess.Popen([sys.executable, "-m", "bostudio", "daemon", "--port", str(self.port),
-                                      *self.args, *store], env=self.env, stdout=out, stderr=subprocess.STDOUT)
+                                      *self.args, *store], env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 pytest.fail(f"daemon exited: {(self.root / f'daemon-{self.port}.out').read_text()[-2000:]}")
             try:
-                if httpx.get(self.url + "/bostudio/status", timeout=1, trust_env=False).status_code == 200:
+                # Any answer but a server error is a daemon that serves (401: it wants the token).
+                if httpx.get(self.url + "/bostudio/status", timeout=5, trust_env=False).status_code < 500:
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        pytest.fail("daemon did not answer in time")
+        self.stop()
+        pytest.fail(f"daemon did not answer within {READY_TIMEOUT_S} s")
 
     def http(self, timeout: float = 120) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=timeout, trust_env=False)
@@ -68,10 +72,13 @@ class DaemonProc:
             return self.proc.returncode if self.proc else None
         self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(30)
+            return self.proc.wait(120)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(5)
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # its group: the daemon and anything it forked there
+            except ProcessLookupError:
+                pass
+            return self.proc.wait(30)
 
 
 def daemon_env(root: Path, models: Path) -> dict[str, str]:

@@ -269,11 +269,14 @@ def test_the_switch_is_transparent_through_the_daemon(gemma_full_precision: Path
     models = tmp_path / "models"
     models.mkdir()
     (models / "gemma-f32.gguf").symlink_to(gemma_full_precision)
+    # The control API reads draft files only inside the model directories (or with --allow-any-model-path).
+    (models / gemma_gguf.name).symlink_to(gemma_gguf)
     daemon = DaemonProc(tmp_path, models).start()
     try:
         client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="none", max_retries=0)
         with daemon.http(timeout=TIMEOUT_S) as http:
-            r = http.post("/bostudio/instances", json={"model": "gemma-f32", "spec": f"draft:{gemma_gguf}"})
+            r = http.post("/bostudio/instances", json={"model": "gemma-f32",
+                                                       "spec": f"draft:{models / gemma_gguf.name}"})
             assert r.status_code == 200, r.text
             on = {p: openai_greedy(client, "gemma-f32", PROMPTS[p]) for p in END_TO_END}
             r = http.put("/bostudio/instances/gemma-f32/speculation", json={"mode": "off"})

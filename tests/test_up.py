@@ -34,6 +34,7 @@ class Up:
             line = self.proc.stdout.readline()
             if not line:
                 err = self.proc.stderr.read() if self.proc.stderr else ""
+                self.kill()
                 pytest.fail(f"bostudio up exited before ready: {''.join(self.lines)}{err}")
             self.lines.append(line)
             if line.startswith("Press Ctrl-C"):
@@ -43,7 +44,14 @@ class Up:
                     if m:
                         fields[m.group(1)] = m.group(2)
                 return fields
-        pytest.fail("bostudio up was not ready in time")
+        self.kill()
+        pytest.fail(f"bostudio up was not ready within {READY_TIMEOUT_S} s")
+
+    def kill(self) -> None:
+        """Stop it (and so its llama-server, which dies with it) when a test gives up on it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
 
     def servers(self) -> list[psutil.Process]:
         return [p for p in psutil.Process(self.proc.pid).children(recursive=True)

@@ -23,7 +23,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from bostudio import __version__
 from bostudio.daemon.events import EventBus
 from bostudio.daemon.ollama import register as register_ollama
-from bostudio.daemon.router import SSE_HEADERS, Router, api_error, error_response, sse
+from bostudio.daemon.limits import BodyLimits, HttpLimits
+from bostudio.daemon.modelpaths import check_spec
+from bostudio.daemon.router import SSE_HEADERS, Router, api_error, api_of, error_response, sse
 from bostudio.daemon.security import SecurityMiddleware
 from bostudio.daemon.supervisor import READY, Instance, Supervisor, SupervisorOptions
 from bostudio.errors import BostudioError, ModelError
@@ -69,7 +71,8 @@ PASSTHROUGH_ROUTES = (
 class StartRequest(BaseModel):
     model: str = Field(description="a model name (GET /v1/models) or a GGUF path on the daemon's machine")
     spec: str | None = Field(None, description="speculation: on | off | auto | ngram | mtp | draft:PATH")
-    ctx: int | None = Field(None, ge=256, description="context size in tokens")
+    ctx: int | None = Field(None, ge=256, le=1 << 24,
+                            description="context size in tokens (at most what the model was trained for)")
     cache_type: str | None = Field(None, max_length=16, description="KV cache type: f16, q8_0, q4_0, ...")
     port: int | None = Field(None, ge=1, le=65535, description="pin the child's loopback port (tests, debugging)")
     wait: bool = Field(True, description="answer when the model is ready (or failed)")
@@ -83,7 +86,7 @@ class SpeculationRequest(BaseModel):
 
 
 def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str], token: str | None,
-              on_children=lambda children: None) -> FastAPI:
+              on_children=lambda children: None, limits: HttpLimits = HttpLimits()) -> FastAPI:
     bus = EventBus()
     sup = Supervisor(options, bus, on_children)
 
@@ -103,6 +106,14 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
                               "instances, and a control API (/bostudio) for the CLI, the TUI and tools.")
     app.state.supervisor = sup
     app.state.bus = bus
+    # Every body bounded, timed and parsed off the loop before a route sees it (daemon/limits.py).
+    app.add_middleware(BodyLimits, max_body=options.max_body, limits=limits)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        # A bug still answers JSON in the client's API shape, never a plain-text 500.
+        log.error("%s %s failed: %r", request.method, request.url.path, exc, exc_info=exc)
+        return error_response(exc, api_of(request.url.path))
 
     @app.exception_handler(BostudioError)
     async def _bostudio_error(request: Request, exc: BostudioError):
@@ -200,7 +211,7 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
         for name, path in sorted(sup.catalog().items()):
             entry: dict[str, Any] = {"model": name, "path": str(path)}
             try:
-                mi = describe(path)
+                mi = await asyncio.to_thread(describe, path)  # headers are read in a worker (cached)
                 entry.update(architecture=mi.architecture, n_params=mi.n_params, quant=mi.quant,
                              file_size=mi.file_size, n_ctx_train=mi.n_ctx_train, n_nextn=mi.n_nextn)
             except BostudioError as exc:
@@ -214,6 +225,7 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
     async def plan(model: str, ctx: int | None = Query(None, ge=256, le=1 << 24),
                    cache_type: str | None = Query(None, max_length=16),
                    spec: str | None = Query(None, max_length=4096)) -> dict:
+        await asyncio.to_thread(check_spec, spec, options.allow_any_model_path)  # draft:FIFO never opened
         return await asyncio.to_thread(plan_for, model, ctx, cache_type, spec)
 
     def plan_for(model: str, ctx: int | None = None, cache_type: str | None = None, spec: str | None = None) -> dict:
@@ -273,7 +285,7 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
 
     @app.post("/bostudio/instances", tags=["control"], summary="Start (load) a model; waits until ready by default")
     async def start(req: StartRequest) -> dict:
-        path = await asyncio.to_thread(sup.locate, req.model)
+        path = await asyncio.to_thread(sup.admit_start, req.model, req.ctx, req.spec)
         before = sup.configs.get(req.model)
         old_workload = before.workload if before else None
         cfg = sup.register(req.model, req.ctx, req.spec, req.port, path, req.cache_type, workload=req.workload)

@@ -24,19 +24,33 @@ def _bad(message: str) -> RequestError:
     return RequestError(message, "see the bostudio README, section 'Rejected parameters'")
 
 
+URL_KEYS = frozenset({"url", "image_url", "file_url", "audio_url", "video_url"})
+
+
 def _walk_urls(value: object) -> list[str]:
-    """Every media URL in chat content parts (image_url.url, input_audio, ...)."""
+    """Every media URL in content parts: chat's image_url.url, the Responses API's input_image
+    image_url (a string there), Anthropic's source.url. Iterative: no depth makes it recurse."""
     found: list[str] = []
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if k == "url" and isinstance(v, str):
-                found.append(v)
-            else:
-                found.extend(_walk_urls(v))
-    elif isinstance(value, list):
-        for v in value:
-            found.extend(_walk_urls(v))
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            for k, child in v.items():
+                if k in URL_KEYS and isinstance(child, str):
+                    found.append(child)
+                elif isinstance(child, (dict, list)):
+                    stack.append(child)
+        elif isinstance(v, list):
+            stack.extend(c for c in v if isinstance(c, (dict, list)))
     return found
+
+
+def _prompt_count(prompt: object) -> int:
+    """How many prompts a /v1/completions `prompt` holds: a string or one token list is one; a list of
+    strings or of token lists is one each (llama-server runs each as its own task)."""
+    if isinstance(prompt, list) and prompt and not any(isinstance(p, int) for p in prompt):
+        return len(prompt)  # (a list mixing tokens and strings is one prompt, as llama-server reads it)
+    return 1
 
 
 def check_request(body: object) -> str:
@@ -51,7 +65,7 @@ def check_request(body: object) -> str:
     for key, why in FORBIDDEN.items():
         if key in body:
             raise _bad(f"parameter `{key}` is not allowed through the daemon: it {why}")
-    for key in ("max_tokens", "max_completion_tokens", "n_predict"):
+    for key in ("max_tokens", "max_completion_tokens", "n_predict", "max_output_tokens"):
         v = body.get(key)
         if v is None:
             continue
@@ -63,6 +77,12 @@ def check_request(body: object) -> str:
         v = body.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= limit):
             raise _bad(f"`{key}` must be an integer from 0 to {limit}, not {v!r}")
+    n = body.get("n") if isinstance(body.get("n"), int) else 1
+    prompts = _prompt_count(body.get("prompt"))
+    if prompts * max(1, n) > MAX_CHOICES:
+        # Each prompt of a list is its own generation: 200 prompts are 200 requests in one.
+        raise _bad(f"the request asks for {prompts * max(1, n)} generations (prompts x n); at most "
+                   f"{MAX_CHOICES} per request")
     bias = body.get("logit_bias")
     if bias is not None and (not isinstance(bias, (dict, list)) or len(bias) > MAX_LOGIT_BIAS):
         raise _bad(f"`logit_bias` must be an object with at most {MAX_LOGIT_BIAS} entries")
@@ -70,7 +90,7 @@ def check_request(body: object) -> str:
         v = body.get(key)
         if v is not None and len(str(v)) > MAX_GRAMMAR_CHARS:
             raise _bad(f"`{key}` is larger than {MAX_GRAMMAR_CHARS} characters")
-    for url in _walk_urls(body.get("messages")):
+    for url in _walk_urls([body.get("messages"), body.get("input"), body.get("system")]):
         if not url.startswith("data:"):
             # file:// would make the server read local files, http(s):// fetch from its network.
             raise _bad("media URLs must be inline data: URLs; the daemon does not let a model server "

@@ -12,6 +12,7 @@ low_vram. Refused with 400: template (chat templates are rendered only by llama-
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -101,6 +102,9 @@ def _message_in(m: object) -> dict:
         raise _bad("each message must be an object with a `role`")
     out: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}
     calls = m.get("tool_calls")
+    if calls and (not isinstance(calls, list)
+                  or not all(isinstance(c, dict) and isinstance(c.get("function", {}), dict) for c in calls)):
+        raise _bad("`tool_calls` must be a list of objects, each with a `function` object")
     if calls:
         out["tool_calls"] = [{"id": c.get("id") or f"call_{i}", "type": "function",
                               "function": {"name": c.get("function", {}).get("name"),
@@ -185,7 +189,9 @@ def register(app: FastAPI, sup: Supervisor, router: Router) -> None:
 
     @app.get("/api/tags", tags=["ollama"], summary="Ollama: every model the daemon serves")
     async def tags() -> dict:
-        return {"models": [entry(n, p) for n, p in sorted(sup.catalog().items())]}
+        # Headers are read in a worker: a slow disk (or anything but a regular file) never stalls the loop.
+        models = sorted(sup.catalog().items())
+        return {"models": await asyncio.to_thread(lambda: [entry(n, p) for n, p in models])}
 
     @app.get("/api/ps", tags=["ollama"], summary="Ollama: the loaded models")
     async def ps() -> dict:
@@ -207,8 +213,8 @@ def register(app: FastAPI, sup: Supervisor, router: Router) -> None:
                 raise Reject(api_error("ollama", 404, f"model '{name}' not found", "not_found_error"))
             from bostudio.gguf import describe
 
-            mi = describe(path)
-            caps = model_caps(path)
+            mi = await asyncio.to_thread(describe, path)
+            caps = await asyncio.to_thread(model_caps, path)
         except Reject as r:
             return r.response
         except BostudioError as exc:
@@ -244,7 +250,8 @@ def register(app: FastAPI, sup: Supervisor, router: Router) -> None:
                     raise Reject(error_response(exc, "ollama"))
                 return JSONResponse({"model": name, "created_at": now_iso(), "response": "", "done": True,
                                      "done_reason": "load"})
-            inst, upstream = await router.open(name, path, json.dumps(translated).encode(), "ollama", translated)
+            inst, upstream = await router.open(name, path, json.dumps(translated).encode(), "ollama", translated,
+                                               request)
         except Reject as r:
             return r.response
         streaming = translated["stream"]
@@ -335,7 +342,8 @@ def register(app: FastAPI, sup: Supervisor, router: Router) -> None:
                                        "invalid_request_error"))
             translated = {"model": body.get("model"), "input": inputs}
             name = await router.admit(translated, "/v1/embeddings", "ollama")
-            inst, upstream = await router.open(name, "/v1/embeddings", json.dumps(translated).encode(), "ollama")
+            inst, upstream = await router.open(name, "/v1/embeddings", json.dumps(translated).encode(), "ollama",
+                                               request)
         except Reject as r:
             return r.response
 

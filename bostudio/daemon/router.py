@@ -35,6 +35,8 @@ GENERATING = GENERATE | {"/completion", "/completions"}  # the routes admission 
 QUEUE_TIMEOUT = 600.0  # seconds a request may wait for room in a busy child's KV pool
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MAX_BODY = 64 << 20  # a 128k-token prompt with base64 images fits; more is refused (413)
+PARSED_KEY = "bostudio.json"  # ASGI scope key: (raw, parsed JSON) of a body daemon/limits.BodyLimits read
+CLIENT_GONE = 499  # nginx's "client closed request": nothing is sent, the status is for the log
 
 # Anthropic's error types by status (docs.anthropic.com/en/api/errors).
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -83,6 +85,15 @@ def api_of(path: str) -> str:
     return "openai"
 
 
+async def until_disconnected(receive: Callable[[], Any]) -> None:
+    """Returns once the client has hung up (its request body already read: what is left is the
+    disconnect). A replayed body (BodyLimits) is skipped."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
 def sse(data: object, event: str | None = None) -> bytes:
     head = f"event: {event}\n" if event else ""
     return f"{head}data: {json.dumps(data, default=str)}\n\n".encode()
@@ -115,7 +126,13 @@ class Router:
         self._held: dict[int, tuple[admission.Admission, int]] = {}  # id(upstream) -> its KV reservation
 
     async def read_json(self, request: Request, api: str) -> tuple[bytes, dict]:
-        """The body (bounded) and its JSON object. Raises Reject."""
+        """The body (bounded) and its JSON object. Raises Reject. Behind BodyLimits (the daemon's
+        app) the body was read, bounded and parsed off the event loop already."""
+        if PARSED_KEY in request.scope:
+            raw, body = request.scope[PARSED_KEY]
+            if not isinstance(body, dict):
+                raise Reject(api_error(api, 400, "the request body must be a JSON object", "invalid_request_error"))
+            return raw, body
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body:
             raise Reject(self.too_large(api))
@@ -126,7 +143,7 @@ class Router:
                 raise Reject(self.too_large(api))
         try:
             body = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise Reject(api_error(api, 400, "the request body is not JSON", "invalid_request_error"))
         if not isinstance(body, dict):
             raise Reject(api_error(api, 400, "the request body must be a JSON object", "invalid_request_error"))
@@ -152,11 +169,44 @@ class Router:
         return name
 
     async def open(self, name: str, path: str, raw: bytes, api: str,
-                   body: dict | None = None) -> tuple[Instance, passthrough.UpstreamResponse]:
+                   body: dict | None = None, request: Request | None = None
+                   ) -> tuple[Instance, passthrough.UpstreamResponse]:
         """The ready instance (loaded on demand) and its upstream response to POST `path`. A generating
         request first gets room in the child's KV pool (bostudio.daemon.admission): it waits in line
         while the requests in flight fill the pool, and one that can never fit is refused with 400.
-        The caller must `release(inst, upstream)` once done with it. Raises Reject."""
+        The caller must `release(inst, upstream)` once done with it. Raises Reject. With `request`, a
+        client that hangs up meanwhile cancels it: a request waiting for its model to load or for room
+        in the pool is dropped, one waiting for llama-server's answer closes that connection, and
+        llama-server stops generating."""
+        if request is None:
+            return await self._open(name, path, raw, api, body)
+        work = asyncio.ensure_future(self._open(name, path, raw, api, body))
+        gone = asyncio.ensure_future(until_disconnected(request.receive))
+        gone.add_done_callback(lambda t: t.cancelled() or t.exception())
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
+        finally:
+            gone.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.wait({work})
+        if not work.cancelled() and work.exception() is None:
+            if not gone.done() or gone.cancelled():
+                return work.result()
+            inst, upstream = work.result()  # answered just as the client left: nobody to give it to
+            with anyio.CancelScope(shield=True):
+                await upstream.aclose()
+            self.release(inst, upstream)
+        elif not work.cancelled() and not (gone.done() and not gone.cancelled()):
+            raise work.exception()  # type: ignore[misc]
+        log.info("%s: the client hung up before %s was answered; cancelled", name, path)
+        raise Reject(Response(status_code=CLIENT_GONE))
+
+    async def _open(self, name: str, path: str, raw: bytes, api: str,
+                    body: dict | None) -> tuple[Instance, passthrough.UpstreamResponse]:
         for attempt in (1, 2):
             try:
                 inst = await self.sup.get_ready(name)
@@ -183,7 +233,7 @@ class Router:
                     continue
                 raise Reject(api_error(api, 502, f"llama-server for {inst.name} failed: {exc!r}", "server_error",
                                        "the model is restarted automatically; send the request again"))
-            except BaseException:
+            except BaseException:  # cancelled (the client hung up): the request no longer counts as active
                 inst.active -= 1
                 inst.admission.release(tokens)
                 raise
@@ -246,7 +296,7 @@ class Router:
         try:
             raw, body = await self.read_json(request, api)
             name = await self.admit(body, path, api)
-            inst, upstream = await self.open(name, path, raw, api, body)
+            inst, upstream = await self.open(name, path, raw, api, body, request)
         except Reject as r:
             return r.response
         streaming = body.get("stream") is True
@@ -331,4 +381,4 @@ class Router:
 
 
 __all__ = ["Router", "Reject", "api_error", "error_body", "error_response", "api_of", "sse", "in_band_error",
-           "SSE_HEADERS", "MAX_BODY"]
+           "SSE_HEADERS", "MAX_BODY", "PARSED_KEY", "until_disconnected"]

@@ -79,11 +79,21 @@ def host_name(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
-def origin_allowed(origin: str, hosts: frozenset[str]) -> bool:
-    """Browsers send Origin on cross-site requests: only the daemon's own origins may call it."""
+def origin_allowed(origin: str, hosts: frozenset[str], host: str | None = None) -> bool:
+    """Browsers send Origin on cross-site requests: only the daemon's own origin may call it. With
+    `host` (the request's Host header) the origin must name that very host and port: a page served
+    by another program on another loopback port is another origin."""
     if "://" not in origin:
         return False
-    return host_name(origin.split("://", 1)[1].split("/", 1)[0]) in hosts
+    netloc = origin.split("://", 1)[1].split("/", 1)[0].strip().lower()
+    if host_name(netloc) not in hosts:
+        return False
+    if host is None:
+        return True
+    scheme = origin.split("://", 1)[0].lower()
+    default = {"http": ":80", "https": ":443"}.get(scheme, "")
+    want = host.strip().lower()
+    return netloc == want or netloc + default == want or netloc == want + default
 
 
 def _deny(status: int, message: str, type_: str, path: str = "") -> tuple[int, bytes]:
@@ -106,12 +116,14 @@ class SecurityMiddleware:
         self.token = token
         self.require_token = require_token
 
-    def check(self, headers: dict[bytes, bytes], path: str = "") -> tuple[int, bytes] | None:
+    def check(self, headers: dict[bytes, bytes], path: str = "", hosts_seen: int = 1) -> tuple[int, bytes] | None:
+        if hosts_seen > 1:  # which one a proxy or the app would take differs: refuse instead of guessing
+            return _deny(400, "more than one Host header", "invalid_request_error", path)
         host = headers.get(b"host", b"").decode("latin-1")
         if host_name(host) not in self.hosts:
             return _deny(403, f"Host {host!r} is not allowed (DNS rebinding protection)", "permission_error", path)
         origin = headers.get(b"origin")
-        if origin is not None and not origin_allowed(origin.decode("latin-1"), self.hosts):
+        if origin is not None and not origin_allowed(origin.decode("latin-1"), self.hosts, host):
             return _deny(403, "cross-origin requests are not allowed", "permission_error", path)
         if self.require_token:
             assert self.token is not None
@@ -127,12 +139,14 @@ class SecurityMiddleware:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
-            denied = self.check(dict(scope["headers"]), scope.get("path", ""))
+            hosts_seen = sum(1 for k, _ in scope["headers"] if k == b"host")
+            denied = self.check(dict(scope["headers"]), scope.get("path", ""), hosts_seen)
             if denied is not None:
                 status, body = denied
+                # A refused client keeps no connection open (and sends no body we would read).
                 await send({"type": "http.response.start", "status": status,
                             "headers": [(b"content-type", b"application/json"),
-                                        (b"content-length", str(len(body)).encode())]})
+                                        (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)

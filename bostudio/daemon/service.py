@@ -19,6 +19,7 @@ import psutil
 
 from bostudio import __version__, paths
 from bostudio.daemon import DEFAULT_HOST, DEFAULT_PORT, state
+from bostudio.daemon.limits import HttpLimits, guarded_protocol
 from bostudio.daemon.security import allowed_hosts, check_bind, read_token
 from bostudio.daemon.supervisor import SupervisorOptions
 from bostudio.errors import DaemonError
@@ -27,7 +28,7 @@ from bostudio.runtime.net import check_port_free, is_loopback
 from bostudio.runtime.process import tail
 
 log = logging.getLogger("bostudio.daemon")
-START_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 120.0  # a loaded machine starts Python slowly: a hang guard, not a speed target
 STOP_TIMEOUT_S = 30.0
 
 
@@ -38,6 +39,7 @@ class DaemonOptions:
     require_token: bool = False  # always on when bound beyond loopback
     allow_hosts: tuple[str, ...] = ()
     supervisor: SupervisorOptions = SupervisorOptions()
+    limits: HttpLimits = HttpLimits()  # connection and body discipline (daemon/limits.py)
 
 
 def _setup_logging() -> Path:
@@ -87,12 +89,16 @@ def run_daemon(opts: DaemonOptions) -> int:
         state.save(record)
 
     info = DaemonInfo(opts.host, opts.port, require_token, record.started)
-    app = build_app(opts.supervisor, info, allowed_hosts(opts.host, opts.allow_hosts), token, on_children)
+    app = build_app(opts.supervisor, info, allowed_hosts(opts.host, opts.allow_hosts), token, on_children,
+                    opts.limits)
     state.save(record)
     print(f"bostudio daemon {__version__} on {record.url} (OpenAI base URL {record.url}/v1; log {log_path})",
           file=sys.stderr, flush=True)
+    # The guarded protocol times each request head and caps its size and the open connections;
+    # uvicorn closes a connection idle between requests after the keep-alive timeout.
     config = uvicorn.Config(app, host=opts.host, port=opts.port, log_config=None, access_log=False,
-                            lifespan="on", timeout_graceful_shutdown=5, server_header=False)
+                            lifespan="on", timeout_graceful_shutdown=5, server_header=False,
+                            http=guarded_protocol(opts.limits), timeout_keep_alive=opts.limits.keepalive_timeout)
     server = uvicorn.Server(config)
     # uvicorn re-raises the signal that stopped it once it has shut down; a stop we asked for is a
     # clean exit (status 0, state file removed), so that re-raise must find a handler, not the default.

@@ -5,24 +5,38 @@ same model restores them before it reports ready, so an agent's long prefix is p
 A saved state belongs to one identity: the model file (path, size, mtime), the engine commit, the
 context size, the cache types and the slot layout. Its files are named by a hash of that identity
 and a sidecar JSON records it in full, so a state saved for anything else is never loaded. The
-store is kept under a disk cap, least recently used (saved or restored) evicted first."""
+store is kept under a disk cap, least recently used (saved or restored) evicted first.
+
+The store owns its directory: it must belong to this user and be writable by no one else, and only
+files it wrote (a 32-hex-digit name, a regular file of this user, a sidecar of the right shape) are
+read; anything else in it is ignored and reported (`usage()["ignored"]`), never trusted."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import os
+import re
+import stat
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
 
+from bostudio.errors import BostudioError
 from bostudio.files import write_atomic
 
 log = logging.getLogger("bostudio.daemon")
 MIN_SAVE_TOKENS = 64  # a shorter prompt is cheaper to recompute than to save and load
 SLOT_TIMEOUT = httpx.Timeout(120.0, connect=2.0)
+MAX_SIDECAR_BYTES = 1 << 20  # ours are ~0.5 kB; a bigger "sidecar" is not ours
+_SIDECAR = re.compile(r"^[0-9a-f]{32}\.json$")
+
+
+class StoreError(BostudioError):
+    """The prompt store's directory cannot be trusted (another owner, writable by others, not a dir)."""
 
 
 @dataclass(frozen=True)
@@ -68,10 +82,26 @@ class SlotStore:
     def __init__(self, root: Path, cap_bytes: int) -> None:
         self.root = root
         self.cap = cap_bytes
+        self._reported: set[tuple[str, str]] = set()
 
     def ensure(self) -> Path:
+        """The store's directory, created 0700 if missing. Raises StoreError when it is not ours."""
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        problem = self.dir_problem()
+        if problem:
+            raise StoreError(f"the prompt store {self.root} {problem}",
+                             "use a directory of your own (--prompt-store-dir), or --no-prompt-reuse")
         return self.root
+
+    def dir_problem(self) -> str | None:
+        """Why the directory cannot be trusted, or None (also None when it does not exist yet)."""
+        try:
+            st = os.stat(self.root)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return f"cannot be read: {exc.strerror or exc}"
+        return "is not a directory" if not stat.S_ISDIR(st.st_mode) else _not_yours(st)
 
     def _meta(self, digest: str) -> Path:
         return self.root / f"{digest}.json"
@@ -80,11 +110,60 @@ class SlotStore:
     def filename(digest: str, slot: int) -> str:
         return f"{digest}.slot{slot}"  # llama-server accepts a plain file name only (fs_validate_filename)
 
-    def read_meta(self, digest: str) -> dict | None:
+    def _owned_file(self, path: Path) -> str | None:
+        """Why `path` is not a file this store wrote, or None. lstat: no symlink, FIFO or device is followed."""
         try:
-            return json.loads(self._meta(digest).read_text())
-        except (OSError, ValueError):
+            st = os.lstat(path)
+        except OSError as exc:
+            return f"cannot be read: {exc.strerror or exc}"
+        if not stat.S_ISREG(st.st_mode):
+            return "is not a regular file"
+        if _not_yours(st):
+            return _not_yours(st)
+        if path.suffix == ".json" and st.st_size > MAX_SIDECAR_BYTES:
+            return f"is {st.st_size} bytes, larger than any sidecar the store writes"
+        return None
+
+    def _ignore(self, name: str, why: str) -> None:
+        if (name, why) not in self._reported:
+            self._reported.add((name, why))
+            log.warning("prompt store: ignoring %s (%s): the store did not write it", name, why)
+
+    def read_meta(self, digest: str) -> dict | None:
+        """The sidecar of `digest` if it is one the store wrote (name, owner, mode, shape), else None."""
+        path = self._meta(digest)
+        if not _SIDECAR.match(path.name):
             return None
+        why = self._owned_file(path)
+        if why is None:
+            try:
+                data = json.loads(path.read_bytes())
+            except (OSError, ValueError, RecursionError) as exc:
+                data, why = None, f"not a sidecar: {type(exc).__name__}"
+            if data is not None:
+                why = _sidecar_problem(data)
+        if why is not None:
+            if path.exists() or path.is_symlink():
+                self._ignore(path.name, why)
+            return None
+        return data
+
+    def ignored(self) -> list[dict]:
+        """Files in the store it did not write (reported, never read as states)."""
+        out = []
+        if not self.root.is_dir():
+            return out
+        try:
+            names = sorted(os.listdir(self.root))
+        except OSError:
+            return out
+        digests = {n[:-5] for n in names if _SIDECAR.match(n) and self.read_meta(n[:-5]) is not None}
+        for n in names:
+            if n.split(".", 1)[0] in digests or n.endswith(".tmp") or n.endswith(".part"):
+                continue
+            why = self._owned_file(self.root / n) if _SIDECAR.match(n) else "not a name the store writes"
+            out.append({"file": n, "reason": why or "not a sidecar the store wrote"})
+        return out
 
     def entries(self) -> list[SavedEntry]:
         out = []
@@ -92,18 +171,18 @@ class SlotStore:
             data = self.read_meta(meta.stem)
             if not data:
                 continue
-            slots = data.get("slots", {})
-            out.append(SavedEntry(meta.stem, data.get("key", {}).get("model_path", "?"),
-                                  int(data.get("key", {}).get("ctx", 0)), len(slots),
-                                  sum(int(s.get("tokens", 0)) for s in slots.values()),
-                                  self.entry_bytes(meta.stem), float(data.get("used", 0))))
+            slots = data["slots"]
+            out.append(SavedEntry(meta.stem, str(data["key"].get("model_path", "?")),
+                                  _int(data["key"].get("ctx")), len(slots),
+                                  sum(_int(s.get("tokens")) for s in slots.values()),
+                                  self.entry_bytes(meta.stem), _float(data.get("used"))))
         return sorted(out, key=lambda e: e.used)
 
     def entry_bytes(self, digest: str) -> int:
         total = 0
         for f in self.root.glob(f"{digest}.*"):
             try:
-                total += f.stat().st_size
+                total += f.lstat().st_size
             except OSError:
                 pass
         return total
@@ -114,9 +193,11 @@ class SlotStore:
         if not data or data.get("key") != asdict(key):
             return {}
         out = {}
-        for slot, info in data.get("slots", {}).items():
-            if (self.root / self.filename(key.digest, int(slot))).is_file():
-                out[int(slot)] = int(info.get("tokens", 0))
+        for slot, info in data["slots"].items():
+            if not str(slot).isdigit():
+                continue
+            if self._owned_file(self.root / self.filename(key.digest, int(slot))) is None:
+                out[int(slot)] = _int(info.get("tokens"))
         return out
 
     def record(self, key: StateKey, saved: dict[int, dict]) -> None:
@@ -159,9 +240,45 @@ class SlotStore:
         return evicted
 
     def usage(self) -> dict:
-        entries = self.entries()
-        return {"dir": str(self.root), "bytes": sum(e.bytes for e in entries), "cap_bytes": self.cap,
-                "entries": [asdict(e) for e in entries]}
+        """What the store holds, and what it found there but did not write (never raises)."""
+        try:
+            entries = self.entries()
+            ignored = self.ignored()
+        except OSError as exc:
+            return {"dir": str(self.root), "bytes": 0, "cap_bytes": self.cap, "entries": [], "ignored": [],
+                    "error": f"cannot read the store: {exc.strerror or exc}"}
+        out = {"dir": str(self.root), "bytes": sum(e.bytes for e in entries), "cap_bytes": self.cap,
+               "entries": [asdict(e) for e in entries], "ignored": ignored}
+        problem = self.dir_problem()
+        if problem:
+            out["error"] = f"the directory {problem}"
+        return out
+
+
+def _not_yours(st: os.stat_result) -> str | None:
+    """Why a file or dir with this stat is not this user's alone, or None."""
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"belongs to another user (uid {st.st_uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _sidecar_problem(data: object) -> str | None:
+    """Why parsed JSON is not a sidecar this store wrote, or None."""
+    if not isinstance(data, dict) or not isinstance(data.get("key"), dict) or not isinstance(data.get("slots"), dict):
+        return "not a sidecar: no key and slots objects"
+    if not all(isinstance(v, dict) for v in data["slots"].values()):
+        return "not a sidecar: a slot entry is not an object"
+    return None
+
+
+def _int(v: object) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def _float(v: object) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
 
 
 async def save_slots(http: httpx.AsyncClient, store: SlotStore, key: StateKey) -> dict[int, dict]:

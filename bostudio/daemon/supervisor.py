@@ -20,16 +20,17 @@ from pathlib import Path
 import httpx
 
 from bostudio import paths
-from bostudio.catalog.resolve import model_name, resolve_model
+from bostudio.catalog.resolve import looks_like_path, model_name, resolve_model
 from bostudio.daemon import policy
 from bostudio.daemon.capabilities import ModelCaps, model_caps
+from bostudio.daemon.modelpaths import check_model_path, check_spec
 from bostudio.daemon.slots import SlotStore, StateKey, restore_slots, save_slots, state_key
 from bostudio.daemon.events import EventBus
 from bostudio.daemon.state import ChildRecord, instance_log_path
 from bostudio.daemon.stats import InstanceStats, parse_metrics
 from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PlanError, PortInUseError,
-                             ServerError)
+                             RequestError, ServerError)
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware import Device, discover_devices
 from bostudio.launch import Decision, LaunchInputs, LaunchIntent, Layout, decide, gather
@@ -52,6 +53,8 @@ log = logging.getLogger("bostudio.daemon")
 STOPPED, LOADING, READY, RESTARTING, FAILED, STOPPING = "stopped", "loading", "ready", "restarting", "failed", "stopping"
 RESIDENT_STATES = (LOADING, READY, RESTARTING)
 UPSTREAM_TIMEOUT = httpx.Timeout(10.0, connect=2.0)
+SAVE_TIMEOUT_S = 120.0  # saving slot states before a stop; past it the stop goes on without them
+TASK_CANCEL_TIMEOUT_S = 30.0  # a cancelled lifecycle task that does not end in this time is left behind
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class SupervisorOptions:
     max_body: int = 64 << 20  # request bodies above this are refused (413)
     pull: str = "never"  # hub drafters: always | never (no one answers an `ask` in a daemon)
     workers: tuple[Worker, ...] = ()  # RPC workers (--rpc or config.toml [[rpc]]) every child may use
+    allow_any_model_path: bool = False  # the control API may load GGUFs outside the catalog's directories
 
 
 @dataclass
@@ -153,6 +157,13 @@ def unreachable_workers(workers: list[Worker], timeout: float = 2.0) -> list[Wor
     return dead
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
 @dataclass
 class Instance:
     cfg: ModelConfig
@@ -188,6 +199,7 @@ class Instance:
     lost_workers: tuple[str, ...] = ()  # workers that died under this model: later launches go without them
     layout: Layout | None = None  # the running child's slots and KV pool (admission reserves in it)
     admission: Admission = field(default_factory=Admission)  # requests in the KV pool, and those queued
+    stop_task: asyncio.Future | None = None  # the stop in progress: a concurrent stop or start waits for it
 
     @property
     def name(self) -> str:
@@ -305,8 +317,9 @@ class Supervisor:
 
     def catalog(self) -> dict[str, Path]:
         """Every model name the router serves: GGUFs in the models dir plus models started by path."""
-        found = {model_name(p): p for p in sorted(paths.models_dir().glob("*.gguf"))}
-        found.update({name: cfg.path for name, cfg in self.configs.items()})
+        # is_file() is a stat: a FIFO or device named *.gguf is never listed, so nothing opens it.
+        found = {model_name(p): p for p in sorted(paths.models_dir().glob("*.gguf")) if p.is_file()}
+        found.update({name: cfg.path for name, cfg in list(self.configs.items())})  # list(): a worker may call it
         return found
 
     def config_for(self, name: str) -> ModelConfig:
@@ -322,8 +335,29 @@ class Supervisor:
 
     def locate(self, model: str) -> Path | None:
         """The GGUF of a model given by path or by a name resolve_model knows (None: a catalog name).
+        A path must be a regular GGUF file inside the catalog's directories (modelpaths.check_model_path).
         May assemble the embedded default model: call it off the event loop."""
-        return None if model in self.catalog() else resolve_model(model, log=log.info)
+        if model in self.catalog():
+            return None
+        if looks_like_path(model) or os.sep in model or Path(model).expanduser().exists():
+            return check_model_path(model, self.opts.allow_any_model_path)
+        return resolve_model(model, log=log.info)
+
+    def admit_start(self, model: str, ctx: int | None = None, spec: str | None = None) -> Path | None:
+        """locate() plus the checks of a start request's values: a draft path as a model path, a context
+        no larger than the model was trained for. Blocking (headers, stat): call it off the event loop.
+        Raises before anything is registered, so a refused value never sticks to the model's config."""
+        path = self.locate(model)
+        check_spec(spec, self.opts.allow_any_model_path)
+        known = self.configs.get(model)
+        target = path or (known.path if known else self.catalog().get(model))
+        if ctx is not None and target is not None:  # (an unknown name is refused by register)
+            trained = describe(target).n_ctx_train
+            if trained and ctx > trained:
+                raise RequestError(f"ctx {ctx} is larger than the {trained} tokens {model_name(target)} was "
+                                   "trained for", f"ask for at most {trained}; GET /bostudio/plans/MODEL?ctx=N "
+                                                  "shows the memory a context needs")
+        return path
 
     def register(self, model: str, ctx: int | None = None, spec: str | None = None,
                  port: int | None = None, path: Path | None = None, cache_type: str | None = None,
@@ -334,10 +368,18 @@ class Supervisor:
         else:
             path = path or resolve_model(model, log=log.info)
             name = model_name(path)
+            known = self.catalog().get(name)
+            if known is not None and not _same_file(known, path):
+                # Never let a name silently pick another file than the one asked for.
+                raise RequestError(f"a model named {name!r} is already served from {str(known)!r}; "
+                                   f"{str(path)!r} has the same name",
+                                   "rename one of the files, or use the model by its name")
             cfg = self.configs.get(name) or ModelConfig(name, path, self.opts.ctx, self.opts.spec)
             self.configs[name] = cfg
         if spec is not None:
             parse_spec("auto" if spec == "on" else spec)  # a bad value fails here, before any relaunch
+            if spec.startswith("draft:"):  # a stat and a 4-byte read of a file the policy admits
+                check_spec(spec, self.opts.allow_any_model_path)
             cfg.spec = spec
         if ctx is not None:
             cfg.ctx = ctx
@@ -392,12 +434,30 @@ class Supervisor:
             await asyncio.sleep(0.02)
         return True
 
+    def stop_timeout(self) -> float:
+        """The longest a stop can take: saving prompts, the lifecycle task's end, SIGTERM, SIGKILL."""
+        return SAVE_TIMEOUT_S + TASK_CANCEL_TIMEOUT_S + self.opts.grace + 30.0
+
     async def start(self, cfg: ModelConfig) -> Instance:
-        """launch(), after a stop in progress for the same model has finished."""
+        """launch(), after a stop in progress for the same model has finished (a bounded wait)."""
         inst = self.instances.get(cfg.name)
-        while inst is not None and inst.state == STOPPING:
-            await asyncio.sleep(0.05)
+        if inst is not None and inst.state == STOPPING:
+            await self._wait_stopped(inst)
         return self.launch(cfg)
+
+    async def _wait_stopped(self, inst: Instance) -> None:
+        """Wait for the stop in progress of `inst`; ServerError if it does not end in stop_timeout()."""
+        try:
+            if inst.stop_task is not None:
+                await asyncio.wait_for(asyncio.shield(inst.stop_task), self.stop_timeout())
+            deadline = time.monotonic() + self.stop_timeout()
+            while inst.state == STOPPING and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        except asyncio.TimeoutError:
+            pass
+        if inst.state == STOPPING:
+            raise ServerError(f"{inst.name} is still stopping after {self.stop_timeout():.0f} s",
+                              f"see the daemon log and {inst.log_path}")
 
     def launch(self, cfg: ModelConfig) -> Instance:
         """Start (or keep) the instance of `cfg` loading; returns at once."""
@@ -418,27 +478,43 @@ class Supervisor:
         return inst
 
     async def stop(self, name: str, reason: str = "stopped") -> Instance:
+        """Stop `name`'s child. Always completes (bounded): a failure to save its prompts or any other
+        error on the way is logged and the stop goes on. A concurrent stop waits for this one; the
+        stop itself runs on even if the caller (a client that hung up) is cancelled."""
         inst = self.instances.get(name)
         if inst is None:
             raise ModelError(f"model {name!r} is not running", "GET /bostudio/instances lists what runs")
+        if inst.stop_task is None or inst.stop_task.done():
+            inst.stop_task = asyncio.ensure_future(self._stop(inst, reason))
+        await asyncio.wait_for(asyncio.shield(inst.stop_task), self.stop_timeout() + 10.0)
+        return inst
+
+    async def _stop(self, inst: Instance, reason: str) -> None:
         inst.stopping = True
         failed = inst.state == FAILED
         was_ready = inst.state == READY
-        if inst.state in RESIDENT_STATES:
-            self._set_state(inst, STOPPING, reason=reason)
-        if was_ready:
-            await self._save_prompts(inst, reason)
-        if inst.task is not None and not inst.task.done():
-            inst.task.cancel()
+        try:
+            if inst.state in RESIDENT_STATES:
+                self._set_state(inst, STOPPING, reason=reason)
+            if was_ready:
+                try:
+                    await asyncio.wait_for(self._save_prompts(inst, reason), SAVE_TIMEOUT_S)
+                except Exception as exc:  # the store is a cache: losing it must not keep a model running
+                    log.warning("%s: saving the prompts before %s failed: %r", inst.name, reason, exc)
+            if inst.task is not None and not inst.task.done():
+                inst.task.cancel()
+                try:
+                    await asyncio.wait_for(asyncio.shield(inst.task), TASK_CANCEL_TIMEOUT_S)
+                except (asyncio.CancelledError, Exception):
+                    pass
+        finally:
             try:
-                await inst.task
-            except (asyncio.CancelledError, Exception):
-                pass
-        await self._stop_process(inst)
-        if not failed:
-            self._set_state(inst, STOPPED, reason=reason)
-        self._resolve(inst, ServerError(f"model {name} was {reason} while loading", "send the request again"))
-        return inst
+                await self._stop_process(inst)
+            except Exception:
+                log.exception("%s: stopping the process failed", inst.name)
+            if not failed:
+                self._set_state(inst, STOPPED, reason=reason)
+            self._resolve(inst, ServerError(f"model {inst.name} was {reason} while loading", "send the request again"))
 
     async def restart(self, name: str) -> Instance:
         cfg = self.config_for(name)
@@ -684,7 +760,12 @@ class Supervisor:
             inst.prompts = {}
             return
         started = time.monotonic()
-        restored = await restore_slots(inst.http, self.slot_store, inst.state_key)
+        try:
+            restored = await restore_slots(inst.http, self.slot_store, inst.state_key)
+        except Exception as exc:  # a store problem costs the saved prompts, never the load
+            log.warning("%s: restoring saved prompts failed: %r", inst.name, exc)
+            inst.prompts = {"key": inst.state_key.digest, "restored_slots": 0, "error": str(exc)}
+            return
         inst.prompts = {"key": inst.state_key.digest, "restored_slots": len(restored),
                         "restored_tokens": sum(restored.values()),
                         "restored_s": round(time.monotonic() - started, 3)}
@@ -742,7 +823,10 @@ class Supervisor:
             resident = [policy.Resident(i.name, 0, i.last_used, busy=i.active > 0)
                         for i in self.instances.values() if i.state == READY]
             for name in policy.idle_expired(resident, time.monotonic(), self.opts.idle_ttl):
-                await self.stop(name, reason="idle")
+                try:
+                    await self.stop(name, reason="idle")
+                except Exception:  # one model's failed stop must not end idle unloading for all
+                    log.exception("%s: idle stop failed", name)
 
     async def _stats_loop(self) -> None:
         while True:

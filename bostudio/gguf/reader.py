@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -123,9 +124,38 @@ class ArrayRef:
         return struct.unpack_from(f"{self.byteorder}{self.count}{_SCALAR_CODES[self.elem_type]}", data)
 
 
+def open_regular(path: str | os.PathLike[str]):
+    """`path` opened for binary reading, refusing anything but a regular file (a FIFO, a device, a
+    socket, a directory) *before* open(): opening a FIFO blocks until a writer comes, reading a device
+    never ends. O_NONBLOCK closes the race with a swap after the check (it is a no-op for regular files).
+    Raises OSError; GGUFFormatError for a non-regular file."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise GGUFFormatError(f"{path}: not a regular file ({_file_kind(st.st_mode)})",
+                              "give the path of a .gguf file")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise GGUFFormatError(f"{path}: not a regular file", "give the path of a .gguf file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
 def _read_local_span(source: str, offset: int, nbytes: int) -> bytes:
     try:
-        with open(source, "rb") as f:
+        with open_regular(source) as f:
             f.seek(offset)
             data = f.read(nbytes)
     except OSError as exc:
@@ -250,7 +280,7 @@ class LocalFile:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.name = str(path)
         try:
-            self._f = open(path, "rb")
+            self._f = open_regular(path)
             self.size = os.fstat(self._f.fileno()).st_size
         except OSError as exc:
             raise GGUFFormatError(f"{path}: cannot open: {exc.strerror or exc}",
@@ -326,7 +356,7 @@ def _parse_one(source: ByteSource) -> Header:
 
     cur.need(24, "the GGUF header")
     if bytes(buf[0:4]) != MAGIC:
-        raise cur.fail(f"not a GGUF file (magic {bytes(buf[0:4])!r}, expected b'GGUF')")
+        raise cur.fail("not a GGUF file (it does not start with the GGUF magic)")  # no file bytes echoed
     (version,) = struct.unpack_from("<I", buf, 4)
     bo = "<"
     if version & 0xFFFF == 0 and version != 0:

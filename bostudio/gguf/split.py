@@ -7,7 +7,10 @@ error that names it.
 
 from __future__ import annotations
 
+import os
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
 
@@ -66,19 +69,51 @@ def merge_parts(headers: list[Header]) -> Header:
                    tensors=tuple(tensors))
 
 
+# Headers of whole (unsplit) files by (path, size, mtime): a server reads the same few models' headers on
+# every catalog listing; a changed file has another key. Bounded, least recently used dropped first.
+_CACHE: "OrderedDict[tuple[str, int, int], Header]" = OrderedDict()
+_CACHE_MAX = 64
+_CACHE_LOCK = threading.Lock()
+
+
 def read_header(path: str | Path) -> Header:
-    """Read the header of the GGUF at `path`; for a split model (any of its parts), of all parts merged."""
+    """Read the header of the GGUF at `path`; for a split model (any of its parts), of all parts merged.
+    A whole file's header is cached by (path, size, mtime)."""
     path = Path(path)
     names = split_part_names(path.name)
     if names is None:
-        with LocalFile(path) as src:
-            header = parse_header(src)
-        count = _int_field(header, "split.count")
-        if count is not None and count > 1:
-            raise GGUFFormatError(f"{path}: this is one part of a {count}-part split model, but its name "
-                                  f"does not say where the other parts are",
-                                  "keep the names llama-gguf-split gave the parts (NAME-00001-of-0000N.gguf)")
+        try:
+            st = os.stat(path)
+            key: tuple[str, int, int] | None = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+        except OSError:
+            key = None
+        if key is not None:
+            with _CACHE_LOCK:
+                if key in _CACHE:
+                    _CACHE.move_to_end(key)
+                    return _CACHE[key]
+        header = _read_whole(path)
+        if key is not None:
+            with _CACHE_LOCK:
+                _CACHE[key] = header
+                while len(_CACHE) > _CACHE_MAX:
+                    _CACHE.popitem(last=False)
         return header
+    return _read_split(path, names)
+
+
+def _read_whole(path: Path) -> Header:
+    with LocalFile(path) as src:
+        header = parse_header(src)
+    count = _int_field(header, "split.count")
+    if count is not None and count > 1:
+        raise GGUFFormatError(f"{path}: this is one part of a {count}-part split model, but its name "
+                              f"does not say where the other parts are",
+                              "keep the names llama-gguf-split gave the parts (NAME-00001-of-0000N.gguf)")
+    return header
+
+
+def _read_split(path: Path, names: list[str]) -> Header:
     paths = [path.with_name(n) for n in names]
     missing = [p.name for p in paths if not p.is_file()]
     if missing:
