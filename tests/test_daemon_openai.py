@@ -127,10 +127,14 @@ def test_the_first_streamed_token_arrives_while_the_child_still_generates(daemon
     with child, httpx.Client(base_url=daemon.url, timeout=120, trust_env=False) as http:
         with http.stream("POST", "/v1/completions", json=body) as r:
             assert r.status_code == 200
-            for line in r.iter_lines():
+            # Keep the line iterator referenced: a closed one (a `for` over r.iter_lines() left by break,
+            # once collected) closes the connection, and the daemon then rightly cancels the generation.
+            lines = r.iter_lines()
+            for line in lines:
                 if line.startswith("data:") and '"text"' in line:
                     break
             busy = [s for s in child.get("/slots").json() if s["is_processing"]]
+            del lines
     assert busy, "the whole generation had ended before its first token reached the client"
     assert busy[0]["next_token"][0]["n_decoded"] < MAX_TOKENS
 
