@@ -663,6 +663,7 @@ class Supervisor:
         inst.plan = {"bytes": need, "weights_bytes": info.file_size, "ctx": cfg.ctx, "cache_type": cfg.cache_type,
                      "kind": caps.kind, "prompt_cache_bytes": planned.chosen.component_bytes(PROMPT_CACHE),
                      "budget_bytes": self.budget(), "why": planned.why,
+                     "threads": planned.threads.to_json() if planned.threads is not None else None,
                      "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes}
                               for u in planned.chosen.uses],
                      "summary": f"{need / policy.MIB:.0f} MiB for {cfg.name} at ctx {cfg.ctx} with "
