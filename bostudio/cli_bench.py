@@ -28,7 +28,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         () if args.ctx and args.ctx_only else ("code", "edit", "chat"))
     opts = BenchOptions(model=args.model, workloads=workloads, spec=args.spec, ctx=args.ctx, runs=args.runs,
                         tokens=args.tokens, repeat=args.repeat, turns=args.turns,
-                        tokens_per_turn=args.tokens_per_turn, engine=args.engine)
+                        tokens_per_turn=args.tokens_per_turn, engine=args.engine, load=args.load,
+                        threads=args.threads, prefix_tokens=args.prefix_tokens, session_turns=args.session_turns)
     if args.plot:  # checked before the run: found after an hour of measuring, a bad --plot would lose the hour
         import importlib.util
 
@@ -39,6 +40,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise ConfigError("--plot needs matplotlib, which is not installed",
                               "pip install 'bostudio[plot]' (or pip install matplotlib), or leave out --plot")
     rows, projection, doc = run_bench(opts, _progress, _note)
+    if "sessions" in doc:
+        return _print_sessions(args, doc)
     if args.plot:
         out = report.plot(rows, Path(args.plot), f"{doc['model']} - {doc['engine']} - {doc['runs']} run(s)")
         doc["plot"] = str(out)
@@ -50,6 +53,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"{doc['model']} on llama-server {doc['engine']}; {doc['runs']} interleaved run(s), "
           f"{'the same prompts each run (--repeat)' if args.repeat else 'fresh prompts each run'}")
     print(report.table(rows, projection))
+    return 0
+
+
+def _print_sessions(args: argparse.Namespace, doc: dict) -> int:
+    from bostudio.bench import agent
+
+    if args.plot:
+        out = agent.plot(doc, Path(args.plot), f"{doc['model']} - {doc['engine']} - agent sessions, "
+                                               f"{doc['tokens_per_turn']} tokens a turn")
+        doc["plot"] = str(out)
+        _note(f"chart written to {out}")
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(f"{doc['model']} on llama-server {doc['engine']}; agent sessions turn by turn, at most "
+          f"{doc['tokens_per_turn']} output tokens a turn, ctx {doc['ctx']}"
+          + (f", beside {doc['load']} busy process(es)" if doc["load"] else ""))
+    print(agent.table(doc))
     return 0
 
 
@@ -116,7 +138,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", nargs="?", default=None, metavar="MODEL",
                    help="a GGUF path or a model name `bostudio ls` shows (default: the embedded Gemma 3 270M)")
     p.add_argument("--workload", action="append", default=None, metavar="W",
-                   help="code | edit | chat | a prompt FILE; repeat or comma-separate (default: code,edit,chat)")
+                   help="code | edit | chat | a prompt FILE; repeat or comma-separate (default: code,edit,chat); "
+                        "or agent sessions, turn by turn: `agent` (the shipped session: a system prompt and tool "
+                        "schemas of --prefix-tokens, then --session-turns turns of tool calls and edits on "
+                        "bostudio's own source) or a DIR recorded with `bostudio daemon --record DIR`")
+    p.add_argument("--prefix-tokens", type=int, default=18000, metavar="N",
+                   help="agent: the shipped session's system prompt and tools, in tokens (default 18000)")
+    p.add_argument("--session-turns", type=int, default=12, metavar="N",
+                   help="agent: the shipped session's turns (default 12)")
+    p.add_argument("--load", type=int, default=0, metavar="N",
+                   help="also measure beside N busy processes (CPU-bound loops in their own process group, paused "
+                        "for the samples taken alone, killed at the end): each sample alone and beside the load")
+    p.add_argument("--threads", default=None, metavar="LIST",
+                   help="CPU thread settings to compare: planned (the plan's -t/-tb, the default), all (every "
+                        "core), T or T/TB; e.g. --threads planned,all --load 1")
     p.add_argument("--spec", default=None, metavar="LIST",
                    help="comma-separated configurations besides off: ngram-simple, ngram-map-k, ngram-map-k4v, "
                         "ngram-mod, ngram-cache, auto[@WORKLOAD] (as `up --workload` runs it: the tuned profile), "
@@ -129,7 +164,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ctx-only", action="store_true", help="with --ctx and no --workload: only the sweep")
     p.add_argument("--runs", type=int, default=3, metavar="N", help="interleaved runs (default 3)")
     p.add_argument("--tokens", type=int, default=None, metavar="N",
-                   help="output tokens per request (default: each task's own fixed length, 128-160)")
+                   help="output tokens per request (default: each task's own fixed length, 128-160; agent "
+                        "sessions: 128 a turn)")
     p.add_argument("--repeat", action="store_true",
                    help="send the same prompts every run (n-gram state from earlier runs then flatters)")
     p.add_argument("--turns", type=int, default=50, metavar="N", help="projection: agent turns (default 50)")
