@@ -402,6 +402,8 @@ def cmd_up_daemon(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- daemon
 
 def _daemon_options(args: argparse.Namespace):
+    from pathlib import Path
+
     from bostudio.daemon.service import DaemonOptions
     from bostudio.daemon.supervisor import SupervisorOptions
 
@@ -418,11 +420,14 @@ def _daemon_options(args: argparse.Namespace):
                             pull="never" if pull == "ask" else pull,
                             workers=select_workers(args.rpc, workers_from_config()))
     return DaemonOptions(host=args.host, port=args.port, require_token=args.require_token,
-                         allow_hosts=tuple(args.allow_host), supervisor=sup)
+                         allow_hosts=tuple(args.allow_host), supervisor=sup,
+                         record=str(Path(args.record).expanduser().resolve()) if getattr(args, "record", None) else None)
 
 
 def _daemon_args(args: argparse.Namespace) -> list[str]:
     """The daemon options of this command line, to pass to a background daemon."""
+    from pathlib import Path
+
     out = ["--memory-budget", str(args.memory_budget), "--idle-ttl", str(args.idle_ttl),
            "--stall-timeout", str(args.stall_timeout), "--stream-idle-timeout", str(args.stream_idle_timeout),
            "--failed-cooldown", str(args.failed_cooldown), "--prompt-store-mib", str(args.prompt_store_mib),
@@ -432,6 +437,7 @@ def _daemon_args(args: argparse.Namespace) -> list[str]:
     out += ["--engine", args.engine] if args.engine else []
     out += ["--pull", args.pull] if args.pull else []
     out += ["--rpc", args.rpc] if args.rpc else []
+    out += ["--record", str(Path(args.record).expanduser().resolve())] if getattr(args, "record", None) else []
     out += ["--require-token"] if args.require_token else []
     for h in args.allow_host:
         out += ["--allow-host", h]
@@ -741,6 +747,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also accept this Host header name (e.g. the machine's DNS name); repeatable")
     common.add_argument("--rpc", default=None, metavar="HOST:PORT,...",
                         help=RPC_HELP + "; a child that loses a worker is relaunched without it if it still fits")
+    common.add_argument("--record", default=None, metavar="DIR",
+                        help="save every request body (route, headers without credentials, body, time) to DIR, "
+                             "one numbered file each, in the order received; `bostudio bench --workload DIR` "
+                             "replays the session")
     p = sub.add_parser("daemon", parents=[common], help="run the daemon: one OpenAI endpoint for every model",
                        description="Run the bostudio daemon in the foreground: one OpenAI-compatible endpoint "
                                    "(/v1) that loads models on demand, routes by `model`, supervises the "

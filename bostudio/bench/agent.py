@@ -38,6 +38,7 @@ class TurnResult:
     config: str
     turn: int  # 1-based
     route: str
+    request: str  # what the turn is: "turn K" (shipped) or the recorded file's name
     ttft_s: float | None  # first generated text or tool call, at the client; None: nothing was generated
     wall_s: float  # the whole request, at the client
     prompt_n: int  # prompt tokens evaluated (prefill)
@@ -167,9 +168,9 @@ def send_turn(server: _Server, route: str, body: dict) -> tuple[float | None, fl
     return first, wall, timings
 
 
-def turn_result(session: str, phase: str, config: str, turn: int, route: str, first: float | None, wall: float,
-                t: dict) -> TurnResult:
-    return TurnResult(session, phase, config, turn, route, first, wall, int(t.get("prompt_n") or 0),
+def turn_result(session: str, phase: str, config: str, turn: int, route: str, request: str, first: float | None,
+                wall: float, t: dict) -> TurnResult:
+    return TurnResult(session, phase, config, turn, route, request, first, wall, int(t.get("prompt_n") or 0),
                       int(t.get("cache_n") or 0), int(t.get("predicted_n") or 0),
                       float(t.get("predicted_ms") or 0.0) / 1000, float(t.get("prompt_ms") or 0.0) / 1000,
                       int(t.get("draft_n") or 0), int(t.get("draft_n_accepted") or 0))
@@ -179,7 +180,10 @@ def erase_slots(server: _Server) -> None:
     """Forget every slot's prompt, so that the next pass of a session starts cold like the first."""
     assert server.client is not None
     for s in server.client.slots():
-        server.client.http.post(f"/slots/{s['id']}", params={"action": "erase"})
+        r = server.client.http.post(f"/slots/{s['id']}", params={"action": "erase"})
+        if r.status_code != 200:
+            raise ServerError(f"llama-server ({server.config.label}) could not erase slot {s['id']}: {r.text[:300]}",
+                              f"see the log: {server.proc.log_path}")
 
 
 def run_sessions(bench: Bench, sessions: Sequence[Session], tokens: int, load: CompetingLoad | None,
@@ -203,7 +207,8 @@ def run_sessions(bench: Bench, sessions: Sequence[Session], tokens: int, load: C
                 for server in bench.servers[r:] + bench.servers[:r]:
                     route, body = replay_request(req, server.config.label, tokens)
                     first, wall, t = send_turn(server, route, body)
-                    res = turn_result(session.name, phase, server.config.label, k + 1, req.route, first, wall, t)
+                    res = turn_result(session.name, phase, server.config.label, k + 1, req.route, req.note,
+                                      first, wall, t)
                     out.append(res)
                     done += 1
                     progress(done, total, f"{session.name} {phase} turn {k + 1}/{len(session.requests)} "

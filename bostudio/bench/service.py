@@ -137,8 +137,12 @@ def run_agent_bench(opts: BenchOptions, progress: Callable[[int, int, str], None
     for s in sessions:
         for skipped in s.skipped:
             note(f"{s.name}: not replayed (not a generation): {skipped}")
-    # -cram 0: a session's passes must each start cold; only the slot's own cache carries a prefix between turns.
-    with CompetingLoad(opts.load) as load, Bench(info, engine, configs, ctx, note, ("-cram", "0")) as bench:
+    # A session's passes must each start cold: -cram 0 (no host prompt cache: only the slot's own cache carries a
+    # prefix from turn to turn), and the slots are erased before each pass (which needs --slot-save-path).
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bostudio-bench-slots-") as slots, CompetingLoad(opts.load) as load, \
+            Bench(info, engine, configs, ctx, note, ("-cram", "0", "--slot-save-path", slots)) as bench:
         turns = agent.run_sessions(bench, sessions, tokens, load if opts.load else None, progress)
         argv = {c.label: bench.argv(c, 0)[1:] for c in configs}
         threads = bench.threads

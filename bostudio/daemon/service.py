@@ -36,6 +36,7 @@ class DaemonOptions:
     require_token: bool = False  # always on when bound beyond loopback
     allow_hosts: tuple[str, ...] = ()
     supervisor: SupervisorOptions = SupervisorOptions()
+    record: str | None = None  # save every request body here, in order (`bench --workload DIR` replays them)
 
 
 def _setup_logging() -> Path:
@@ -66,6 +67,9 @@ def run_daemon(opts: DaemonOptions) -> int:
     if alive is not None:
         raise DaemonError(f"a daemon is already running at {alive.url} (pid {alive.pid})",
                           "stop it with `bostudio daemon stop`, or use it")
+    from bostudio.daemon.record import start_recording
+
+    recorder = start_recording(Path(opts.record) if opts.record else None)
     log_path = _setup_logging()
     left = state.load()
     if left is not None:
@@ -88,7 +92,8 @@ def run_daemon(opts: DaemonOptions) -> int:
     info = DaemonInfo(opts.host, opts.port, require_token, record.started)
     app = build_app(opts.supervisor, info, allowed_hosts(opts.host, opts.allow_hosts), token, on_children)
     state.save(record)
-    print(f"bostudio daemon {__version__} on {record.url} (OpenAI base URL {record.url}/v1; log {log_path})",
+    print(f"bostudio daemon {__version__} on {record.url} (OpenAI base URL {record.url}/v1; log {log_path})"
+          + (f"; recording request bodies to {recorder.dir}" if recorder is not None else ""),
           file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=opts.host, port=opts.port, log_config=None, access_log=False,
                             lifespan="on", timeout_graceful_shutdown=5, server_header=False)
