@@ -554,6 +554,13 @@ def cmd_ps(args: argparse.Namespace) -> int:
         if r.get("auto_off"):
             print(f"  ! {r['model']}: auto switched speculation for workload {r['auto_off']['workload']!r}: "
                   f"{r['auto_off']['reason']}")
+        dl = r.get("draft_length")
+        if dl and (dl.get("adapted") or (dl.get("advice") or {}).get("action") in ("shorter", "longer")):
+            advice = dl.get("advice") or {}
+            pending = (f"; next: {advice['n_max']} tokens when idle ({advice['detail']})"
+                       if advice.get("action") in ("shorter", "longer") else "")
+            print(f"  ~ {r['model']}: drafts of {dl['n_max']} tokens"
+                  + (f" (adapted at run time: {dl['reason']})" if dl.get("adapted") else "") + pending)
     return 0
 
 

@@ -94,10 +94,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
             raise ConfigError(f"draft model {draft} not found", "pass an existing .gguf file as --draft")
     elif args.self_draft:
         draft = make_self_draft(model, args.self_draft, engine, log=_note)
+    from bostudio.bench.sessions import is_session
+    from bostudio.bench.tune_sessions import run_tune_sessions
+
     names = [w for arg in args.workload for w in arg.split(",") if w] if args.workload else ["code"]
     out = []
     budget = args.budget_s / len(names)
-    for name, tasks in resolve_workloads(names).items():
+    sessions = [n for n in names if is_session(n)]
+    prompts = resolve_workloads([n for n in names if not is_session(n)])
+    for name in sessions:
+        _note(f"tuning {model.name} on agent session {name!r} within {budget:.0f} s")
+        out.append(run_tune_sessions(model, engine, name, budget, args.tokens, draft, lambda m: _note(f"tune: {m}"),
+                                     args.prefix_tokens, args.session_turns))
+    for name, tasks in prompts.items():
         _note(f"tuning {model.name} for workload {name!r} within {budget:.0f} s")
         res = run_tune(model, engine, name, tasks, budget, args.tokens, draft,
                        lambda m: _note(f"tune: {m}"))
@@ -190,9 +199,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", nargs="?", default=None, metavar="MODEL",
                    help="a GGUF path or a model name `bostudio ls` shows (default: the embedded Gemma 3 270M)")
     p.add_argument("--workload", action="append", default=None, metavar="W",
-                   help="code | edit | chat | a prompt FILE; one profile each (default: code)")
+                   help="code | edit | chat | a prompt FILE; one profile each (default: code); or `agent` / a "
+                        "recorded session DIR: tune on whole sessions (a pass = the session replayed turn by "
+                        "turn beside off; ranked by session wall time), profile `agent` / the DIR's name")
+    p.add_argument("--prefix-tokens", type=int, default=18000, metavar="N",
+                   help="agent: the shipped session's system prompt and tools, in tokens (default 18000)")
+    p.add_argument("--session-turns", type=int, default=12, metavar="N",
+                   help="agent: the shipped session's turns (default 12)")
     p.add_argument("--budget-s", type=float, default=600.0, metavar="S",
-                   help="time for the whole sweep, split between the workloads (default 600)")
+                   help="time for the whole sweep, split between the workloads (default 600); a bound: each "
+                        "round (and for sessions each pass) is estimated from what was measured and not started "
+                        "when it would not end within it")
     p.add_argument("--tokens", type=int, default=None, metavar="N", help="output tokens per request "
                    "(default: each task's own length)")
     p.add_argument("--draft", default=None, metavar="PATH", help="a draft model to sweep draft-simple with")

@@ -228,3 +228,27 @@ def test_session_recorded_through_the_daemon_replays_in_order(gemma_gguf: Path, 
         assert all(t["predicted_n"] > 0 for t in s["turns"])
     _check_consistent(doc)
     assert set(ROUTES) >= {x["route"] for x in saved}
+
+
+def test_session_tune_budget_is_estimated_from_measured_passes() -> None:
+    from bostudio.bench.tune_sessions import pass_fits, passes_this_round
+
+    assert pass_fits(0, 10, [])  # nothing measured: the first pass runs
+    assert pass_fits(50, 100, [30, 50]) and not pass_fits(51, 100, [30, 50])  # the most expensive pass counts
+    assert passes_this_round(1, 0, 100, 8, []) == 1
+    assert passes_this_round(3, 0, 1000, 2, [10]) == 4  # 1, 2, 4 ... while the round fits
+    assert passes_this_round(3, 0, 50, 2, [10]) == 2  # 2 survivors x 2 passes x 10 s = 40 s fits in 50
+    assert passes_this_round(2, 95, 100, 2, [10]) == 0  # not even one pass each: the sweep stops
+
+
+def test_tune_on_a_session_stays_within_its_budget(gemma_gguf: Path, engine, tmp_path: Path) -> None:
+    """With a budget the first pass already spends, tune measures one candidate, starts nothing more and
+    still writes a profile for the session."""
+    proc = subprocess.run([sys.executable, "-m", "bostudio", "tune", str(gemma_gguf), "--json", "--workload", "agent",
+                           "--budget-s", "10", "--prefix-tokens", "300", "--session-turns", "2", "--tokens", "4"],
+                          capture_output=True, text=True, env=_env(tmp_path), timeout=BENCH_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (res,) = json.loads(proc.stdout)
+    assert res["rounds"] == 1 and len(res["sweep"]) == 1 and res["sweep"][0]["samples"] == 1
+    assert res["profile"]["workload"] == "agent" and Path(res["path"]).is_file()
+    assert "left unmeasured" in proc.stderr

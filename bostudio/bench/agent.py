@@ -88,6 +88,22 @@ def projection(sessions: Sequence[dict], baseline: str = OFF) -> dict:
     return out
 
 
+CTX_MARGIN = 1024
+
+
+def session_ctx(sessions: Sequence[Session], tokens: int, n_ctx_train: int | None,
+                note: Callable[[str], None]) -> int:
+    """The servers' context for these sessions: the longest request (its JSON overestimates the tokens a chat
+    template renders, about 3 characters a token) plus the output, in whole 1024s, at most the training context."""
+    longest = max(len(json.dumps(r.body)) for s in sessions for r in s.requests)
+    ctx = -(-(int(longest / 3.0) + tokens + CTX_MARGIN) // 1024) * 1024
+    limit = n_ctx_train or ctx
+    if ctx > limit:
+        note(f"the longest request needs about {ctx} tokens, more than the model's {limit}: the servers run at "
+             f"{limit} (a longer request fails)")
+    return min(ctx, limit)
+
+
 # ------------------------------------------------------------------------------------------------ the edge
 
 _GENERATED = ("content_block_delta", "response.output_text.delta", "response.function_call_arguments.delta",

@@ -95,15 +95,10 @@ def with_thread_settings(configs: list[BenchConfig], threads: str | None) -> lis
             for t in settings for c in configs]
 
 
-AGENT_CTX_MARGIN = 1024
-
-
 def run_agent_bench(opts: BenchOptions, progress: Callable[[int, int, str], None],
                     note: Callable[[str], None]) -> tuple[list[measure.Row], measure.Projection, dict]:
     """`bench --workload agent|DIR`: whole sessions turn by turn (bench.agent); the rows are empty (the JSON
     document carries the sessions, their turns and totals, and the measured projection)."""
-    import json as _json
-
     from bostudio.bench import agent
     from bostudio.bench.sessions import resolve_session
 
@@ -123,14 +118,7 @@ def run_agent_bench(opts: BenchOptions, progress: Callable[[int, int, str], None
         from dataclasses import replace as _replace
 
         sessions = [_replace(s, name=f"{s.name}#{i // len(opts.workloads) + 1}") for i, s in enumerate(sessions)]
-    # The servers' context: the longest request (its JSON overestimates the tokens a template renders).
-    longest = max(len(_json.dumps(r.body)) for s in sessions for r in s.requests)
-    ctx = -(-(int(longest / 3.0) + tokens + AGENT_CTX_MARGIN) // 1024) * 1024
-    limit = info.n_ctx_train or ctx
-    if ctx > limit:
-        note(f"the longest request needs about {ctx} tokens, more than the model's {limit}: the servers run at "
-             f"{limit} (a longer request fails)")
-        ctx = limit
+    ctx = agent.session_ctx(sessions, tokens, info.n_ctx_train, note)
     configs = with_thread_settings(
         [c for n in config_names(opts.spec, engine, info) for c in resolve_configs(n, info, engine, ctx, note)],
         opts.threads)

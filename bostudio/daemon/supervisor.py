@@ -14,7 +14,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -42,7 +42,7 @@ from bostudio.rpc.workers import Worker
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import (CrashHistory, LoadWatch, ServerProcess, classify_failure, listening_pid_ok,
                                       log_size, tail)
-from bostudio.speculation import Speculator, parse_spec
+from bostudio.speculation import Speculator, draft_length, draft_length_ceiling, parse_spec, with_draft_length
 from bostudio.bench.profiles import default_workload, find_profile, speculator_from_json
 from bostudio.bench.tune import DEFAULT_BREAK_EVEN, predicted_break_even
 from bostudio.up import verify_speculation
@@ -90,6 +90,11 @@ class ModelConfig:
     # Under auto, speculation that fell below break-even on a workload stays off until the workload changes.
     auto_off: str | None = None  # that workload
     auto_off_reason: str = ""
+    # Under auto, the draft length the acceptance check settled on (None: the plan's), and the length that
+    # last fell below break-even (lengthening stays below half of it). Cleared when the workload changes.
+    draft_len: int | None = None
+    draft_len_failed: int | None = None
+    draft_len_reason: str = ""
 
     def resolved_workload(self) -> str:
         return self.workload or default_workload(self.name)
@@ -250,6 +255,7 @@ class Instance:
     break_even_source: str = "default"
     spec_base: tuple[int, int, int] = (0, 0, 0)  # (drafted, accepted, requests) at the last launch
     spec_check: dict | None = None  # the last policy.SpecVerdict
+    draft_advice: dict | None = None  # the last policy.DraftAdvice (under auto)
     scraped: tuple[int, int] = (0, 0)  # (requests, tokens) at the last /metrics scrape
     cfg_cooldown: float = 0.0
     failed_at: float | None = None  # wall time the model was marked failed
@@ -285,6 +291,9 @@ class Instance:
             "break_even_source": self.break_even_source,
             "auto_off": ({"workload": self.cfg.auto_off, "reason": self.cfg.auto_off_reason}
                          if self.cfg.auto_off else None),
+            "draft_length": ({"n_max": draft_length(self.speculator), "adapted": self.cfg.draft_len is not None,
+                              "reason": self.cfg.draft_len_reason, "advice": self.draft_advice}
+                             if self.speculator is not None and draft_length(self.speculator) is not None else None),
             "rpc": {"workers": self.pool.rpc, "lost": list(self.lost_workers),
                     "problems": list(self.pool.problems)} if self.pool.probes or self.lost_workers else None,
         }
@@ -388,6 +397,7 @@ class Supervisor:
             cfg.port = port
         if workload is not None:
             cfg.workload = workload  # a new workload: auto may speculate again (auto_off names the old one)
+            cfg.draft_len = cfg.draft_len_failed = None
         if cache_type is not None:
             cache_type_of(cache_type)  # an unknown type fails here, with the valid ones named
             cfg.cache_type = cache_type
@@ -652,6 +662,12 @@ class Supervisor:
                                       "restart the worker's `bostudio rpc serve`, then restart the model") from exc
             raise
         speculator = planned.chosen.speculator
+        if cfg.draft_len is not None and cfg.spec == "auto" and draft_length(speculator) is not None:
+            # the draft length the acceptance check settled on (policy.adapt_draft_length): shorter drafts
+            # only need less memory than the plan counted
+            speculator = with_draft_length(speculator, cfg.draft_len, f"draft length {cfg.draft_len} at run time: "
+                                                                      f"{cfg.draft_len_reason}")
+            planned = replace(planned, chosen=replace(planned.chosen, speculator=speculator))
         inst.break_even, inst.break_even_source = await asyncio.to_thread(
             predicted_break_even, cfg.path, engine, workload)
         need = planned.chosen.total
@@ -694,6 +710,8 @@ class Supervisor:
             inst.spec_status = None
         inst.spec_base = (inst.stats.draft_tokens, inst.stats.draft_accepted, inst.stats.requests)
         inst.spec_check = None
+        inst.draft_advice = None
+        inst.stats.mean_accepted_length = None  # the new child's /metrics start from zero
         await self._restore_prompts(inst)
         inst.ready_since = time.monotonic()
         inst.last_used = time.monotonic()
@@ -828,6 +846,34 @@ class Supervisor:
                 if inst.state == READY:
                     await self._check_speculation(inst)
 
+    async def _adapt_draft_length(self, inst: Instance, verdict: policy.SpecVerdict) -> bool:
+        """Under auto: move the draft length with the acceptance (policy.adapt_draft_length). The pinned
+        llama-server honours no per-request draft setting (README, "What llama-server honours per request"),
+        so a new length is a relaunch, at the next idle moment (no request is cut; prompt reuse keeps the
+        slots). True when the length is being handled (changed, or waiting for an idle moment)."""
+        assert inst.speculator is not None
+        n = draft_length(inst.speculator)
+        if n is None:
+            return False
+        st = inst.stats
+        per_draft = st.mean_accepted_length - 1.0 if st.mean_accepted_length is not None else None
+        advice = policy.adapt_draft_length(n, verdict, per_draft, draft_length_ceiling(inst.speculator),
+                                           inst.cfg.draft_len_failed)
+        inst.draft_advice = advice.to_json()
+        if advice.action not in (policy.SHORTER, policy.LONGER):
+            return False
+        if inst.active > 0:
+            return True  # shown in ps (draft_length.advice); done at the next idle moment
+        if advice.action == policy.SHORTER:
+            inst.cfg.draft_len_failed = n
+        inst.cfg.draft_len, inst.cfg.draft_len_reason = advice.n_max, advice.detail
+        log.warning("%s: draft length %d -> %d: %s", inst.name, n, advice.n_max, advice.detail)
+        self.bus.publish("speculation", model=inst.name, draft_length=advice.n_max, was=n,
+                         message=f"{inst.name}: relaunching with drafts of {advice.n_max} tokens (was {n}): "
+                                 f"{advice.detail}")
+        await self.restart(inst.name)
+        return True
+
     async def _check_speculation(self, inst: Instance) -> None:
         """Acceptance since launch against the break-even: flag it (ps, events); under auto, relaunch with
         the next-best profile entry or without speculation at the next idle moment."""
@@ -838,6 +884,8 @@ class Supervisor:
         was = inst.spec_check["state"] if inst.spec_check else None
         inst.spec_check = dict(verdict.to_json(), break_even_source=inst.break_even_source)
         speculating = inst.speculator is not None and inst.speculator.kind != "none"
+        if speculating and inst.cfg.spec == "auto" and await self._adapt_draft_length(inst, verdict):
+            return
         action = policy.fallback_action(verdict, inst.cfg.spec, speculating, busy=inst.active > 0)
         if action == policy.NONE:
             return
