@@ -96,3 +96,47 @@ def test_ps_and_tui_show_the_length() -> None:
                                     "advice": {"action": "keep", "n_max": 8, "detail": "ok"}})
     line = draft_length_line(done)
     assert line is not None and "drafts of 8 tokens" in line and "[bold]" in line
+
+
+# ------------------------------------------------------------------------------------------------ real
+
+REPEATED = "def add(a, b):\n    return a + b\n\n" * 12 + "def add(a, b):\n"
+
+
+def _spec_counters(client) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    from bostudio.daemon.stats import parse_metrics
+
+    m = parse_metrics(client.metrics())
+    return (m.get("spec_decode_num_drafts_total", 0.0),
+            m.get("spec_decode_num_draft_tokens_total", 0.0))
+
+
+def test_the_relaunch_length_reaches_llama_server_and_a_request_field_does_not(engine, gemma_gguf: Path,
+                                                                               tmp_path: Path) -> None:
+    """The length auto settles on is launched as flags, and llama-server drafts within it (counters from
+    /metrics: tokens drafted <= 8 per draft). A per-request `speculative.n_max` is not honoured by the pinned
+    engine (server-schema.cpp compiles those fields out): with n_min 4, drafts stay >= 4 tokens when a request
+    asks for 2 - which is why the daemon relaunches instead of injecting fields."""
+    from bostudio.runtime.client import LlamaClient
+    from bostudio.runtime.process import ServerProcess
+    from tests.netutil import free_port
+
+    sp = with_draft_length(NGRAM_MOD, 8, "test")
+    port = free_port()
+    spec = LaunchSpec(gemma_gguf, "g", port, ctx=2048, speculator=sp, n_parallel=1)
+    proc = ServerProcess(build_argv(engine.path, engine.flags, spec) + ["-t", "1"], port, tmp_path / "server.log")
+    proc.start()
+    try:
+        proc.wait_ready(timeout=600)
+        with LlamaClient(proc.base_url, timeout=__import__("httpx").Timeout(600, connect=5)) as c:
+            c.completion(REPEATED, 64, timeout=600, ignore_eos=True)
+            drafts, tokens = _spec_counters(c)
+            assert drafts > 0, "the repeated prompt drafted nothing: no length to check"
+            assert tokens <= 8 * drafts  # the launched length holds
+            c.completion(REPEATED + "    return a + b\n\n", 64, timeout=600, ignore_eos=True,
+                         **{"speculative.n_max": 2, "speculative.n_min": 0})
+            drafts2, tokens2 = _spec_counters(c)
+            assert drafts2 > drafts, "the second request drafted nothing: no per-request field to check"
+            assert tokens2 - tokens >= 4 * (drafts2 - drafts)  # n_min 4 still rules: the field was ignored
+    finally:
+        proc.stop()

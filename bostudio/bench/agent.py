@@ -126,17 +126,10 @@ def _metrics(server: _Server) -> dict[str, float]:
     return parse_metrics(server.client.metrics())
 
 
-def _last_slot(server: _Server) -> dict:
-    """The slot that served the last request (the highest task id)."""
-    assert server.client is not None
-    slots = [s for s in server.client.slots() if "id_task" in s]
-    return max(slots, key=lambda s: s["id_task"]) if slots else {}
-
-
 def send_turn(server: _Server, route: str, body: dict) -> tuple[float | None, float, dict]:
     """Stream one request; (first-token s, wall s, timings). llama-server puts `timings` on the last event of
     the OpenAI routes; the Anthropic route has none, so its figures come from /metrics (the deltas of this one
-    request: the bench sends one at a time) and /slots (the cached prompt tokens)."""
+    request: the bench sends one at a time)."""
     assert server.client is not None
     before = None if route != "/v1/messages" else _metrics(server)
     started = time.monotonic()
@@ -173,12 +166,11 @@ def send_turn(server: _Server, route: str, body: dict) -> tuple[float | None, fl
         b = before or {}
 
         def d(name: str) -> float:
-            return after.get(f"llamacpp:{name}", 0.0) - b.get(f"llamacpp:{name}", 0.0)
-        slot = _last_slot(server)
+            return after.get(name, 0.0) - b.get(name, 0.0)
         timings = {"prompt_n": int(d("prompt_tokens_total")), "prompt_ms": 1000 * d("prompt_seconds_total"),
                    "predicted_n": int(d("tokens_predicted_total")),
                    "predicted_ms": 1000 * d("tokens_predicted_seconds_total"),
-                   "cache_n": int(slot.get("n_prompt_tokens_cache") or 0),
+                   "cache_n": int(d("prompt_tokens_cached_total")),
                    "draft_n": int(d("spec_decode_num_draft_tokens_total")),
                    "draft_n_accepted": int(d("spec_decode_num_accepted_tokens_total"))}
     return first, wall, timings
