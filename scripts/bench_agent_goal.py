@@ -11,7 +11,7 @@
 
     .venv/bin/python scripts/bench_agent_goal.py [MODEL] [--out DIR] [--recorded DIR] [--budget-s 900]
                                                  [--tokens 128] [--turns 12] [--prefix-tokens 18000] [--load 1]
-                                                 [--skip-tune] [--quick]
+                                                 [--runs 3] [--skip-tune] [--quick]
 
 --quick: tiny settings (a 1k-token prefix, 3 turns, 16 tokens, a 60 s tune) to check the script end to end;
 its figures mean nothing. Profiles go to OUT/state (not your own). Prints markdown tables and the verdicts;
@@ -94,17 +94,19 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=12)
     ap.add_argument("--prefix-tokens", type=int, default=18000)
     ap.add_argument("--load", type=int, default=1)
+    ap.add_argument("--runs", type=int, default=3, help="passes of each session per bench (default 3)")
     ap.add_argument("--skip-tune", action="store_true")
     ap.add_argument("--quick", action="store_true", help="tiny settings, to check the script works")
     a = ap.parse_args()
     if a.quick:
-        a.budget_s, a.tokens, a.turns, a.prefix_tokens = 60, 16, 3, 1000
+        a.budget_s, a.tokens, a.turns, a.prefix_tokens, a.runs = 60, 16, 3, 1000, 1
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, XDG_STATE_HOME=str(out / "state"))
     env.pop("LLAMA_ARG_THREADS", None)  # the plan's threads, not a test setting
     model = [a.model] if a.model else []
     size = ["--prefix-tokens", str(a.prefix_tokens), "--session-turns", str(a.turns), "--tokens", str(a.tokens)]
+    runs = ["--runs", str(a.runs)]
     workloads = "agent" + (f",{a.recorded}" if a.recorded else "")
     report = [f"# bostudio agent sessions ({'quick check: figures mean nothing' if a.quick else 'measured'})\n"]
 
@@ -115,12 +117,12 @@ def main() -> int:
                    f"(budget {a.budget_s:.0f} s)\n", p["why"], ""]
     spec = "auto@agent,sweep@agent:3" if not a.skip_tune else "auto@agent,ngram-mod,ngram-simple"
     doc = bostudio(["bench", *model, "--workload", workloads, "--spec", spec, "--plot", str(out / "sessions.png"),
-                    *size], out / "sessions", env)
+                    *size, *runs], out / "sessions", env)
     report += [f"## sessions: {doc['engine']}, {doc['tokens_per_turn']} tokens a turn, ctx {doc['ctx']}\n",
                session_table(doc), "", *auto_verdict(doc), ""]
 
     doc = bostudio(["bench", *model, "--workload", "agent", "--spec", "off", "--threads", "planned,all",
-                    "--load", str(a.load), "--plot", str(out / "threads.png"), *size], out / "threads", env)
+                    "--load", str(a.load), "--plot", str(out / "threads.png"), *size, *runs], out / "threads", env)
     t = doc["threads"] or {}
     report += [f"## threads beside {a.load} busy process(es): planned -t {t.get('threads')} -tb "
                f"{t.get('threads_batch')} on {t.get('cores')} cores ({t.get('why', '')})\n",

@@ -277,7 +277,7 @@ def plot(doc: dict, out, title: str):  # type: ignore[no-untyped-def]
     out = Path(out)
     sessions = doc["sessions"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
-    labels = [f"{s['config']}\n{s['phase']}" for s in sessions]
+    labels = [f"{s['session']} {s['phase']}\n{s['config']}" for s in sessions]
     pre = [s["totals"]["prefill_s"] for s in sessions]
     dec = [s["totals"]["decode_s"] for s in sessions]
     rest = [max(0.0, s["totals"]["wall_s"] - p - d) for s, p, d in zip(sessions, pre, dec)]
@@ -291,7 +291,7 @@ def plot(doc: dict, out, title: str):  # type: ignore[no-untyped-def]
     a.legend(fontsize=7)
     for s in sessions:
         b.plot([t["turn"] for t in s["turns"]], [t["wall_s"] for t in s["turns"]], marker="o",
-               label=f"{s['config']} ({s['phase']})")
+               label=f"{s['session']} {s['phase']}: {s['config']}")
     b.set_xlabel("turn")
     b.set_ylabel("wall time per turn (s)")
     b.set_title("turn by turn")

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from bostudio.errors import ConfigError
+from bostudio.runtime.process import _die_with_parent  # a bench killed with SIGKILL takes its load along
 
 MAX_LOAD = 64
 BUSY_LOOP = "while True:\n    pass\n"
@@ -31,7 +32,7 @@ class CompetingLoad:
             for _ in range(self.n):
                 self.procs.append(subprocess.Popen([sys.executable, "-c", BUSY_LOOP], stdin=subprocess.DEVNULL,
                                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                                   start_new_session=True))
+                                                   start_new_session=True, preexec_fn=_die_with_parent))
             self.running = True
             self.pause()
         except BaseException:

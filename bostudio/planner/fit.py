@@ -161,7 +161,7 @@ class Plan:
     """The planner's answer: both options, the choice and why, and what the speculator costs.
 
     `chosen.speculator` is what to launch (in auto mode it may be the fallback, not the one asked
-    for); `llama_args()` are the memory flags that go with it."""
+    for); `llama_args()` are the memory and CPU thread flags that go with it."""
 
     model: "ModelInfo"
     devices: tuple[Device, ...]

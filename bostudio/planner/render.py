@@ -93,7 +93,7 @@ def render_plan(p: Plan) -> str:
     t = p.threads
     if t is not None:
         lines.append(f"threads: -t {t.threads} -tb {t.threads_batch}: {t.why}")
-    lines.append("memory flags: " + " ".join(p.llama_args()))
+    lines.append("memory and thread flags: " + " ".join(p.llama_args()))
     return "\n".join(lines)
 
 
