@@ -98,6 +98,44 @@ def test_ps_and_tui_show_the_length() -> None:
     assert line is not None and "drafts of 8 tokens" in line and "[bold]" in line
 
 
+def test_daemon_shortens_drafts_when_idle_then_drops_them_at_the_floor(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor's wiring: below break-even under auto, a long draft is announced shorter (ps, events),
+    relaunched at the next idle moment with that length; speculation is not switched off for it."""
+    import asyncio
+
+    from bostudio.daemon.events import EventBus
+    from bostudio.daemon.stats import InstanceStats
+    from bostudio.daemon.supervisor import READY, Instance, ModelConfig, Supervisor, SupervisorOptions
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    bus = EventBus()
+    sup = Supervisor(SupervisorOptions(), bus)
+    restarted: list[str] = []
+
+    async def restart(name: str):  # type: ignore[no-untyped-def]
+        restarted.append(name)
+
+    sup.restart = restart  # type: ignore[method-assign]
+    cfg = ModelConfig("m", tmp_path / "m.gguf", 4096, "auto")
+    inst = Instance(cfg, state=READY, speculator=NGRAM_MOD)
+    inst.stats = InstanceStats(requests=10, draft_tokens=6400, draft_accepted=640, mean_accepted_length=5.0)
+    inst.active = 1
+    sup.instances["m"] = inst
+    asyncio.run(sup._check_speculation(inst))
+    row = inst.to_json()
+    assert restarted == [] and row["draft_length"]["advice"]["action"] == "shorter"
+    assert row["draft_length"]["advice"]["n_max"] == 8 and row["draft_length"]["n_max"] == 64
+    assert any("drafts of 8 tokens when idle" in e["message"] for e in bus.recent if e["type"] == "speculation")
+    inst.active = 0
+    asyncio.run(sup._check_speculation(inst))
+    assert restarted == ["m"] and cfg.draft_len == 8 and cfg.draft_len_failed == 64 and cfg.auto_off is None
+    # a new workload starts again from the plan's length
+    sup.configs["m"] = cfg
+    sup.register("m", workload="edit")
+    assert cfg.draft_len is None and cfg.draft_len_failed is None
+
+
 # ------------------------------------------------------------------------------------------------ real
 
 REPEATED = "def add(a, b):\n    return a + b\n\n" * 12 + "def add(a, b):\n"

@@ -850,7 +850,7 @@ class Supervisor:
         """Under auto: move the draft length with the acceptance (policy.adapt_draft_length). The pinned
         llama-server honours no per-request draft setting (README, "What llama-server honours per request"),
         so a new length is a relaunch, at the next idle moment (no request is cut; prompt reuse keeps the
-        slots). True when the length is being handled (changed, or waiting for an idle moment)."""
+        slots); until then ps and the events say what is coming. True when the length is being handled."""
         assert inst.speculator is not None
         n = draft_length(inst.speculator)
         if n is None:
@@ -859,18 +859,23 @@ class Supervisor:
         per_draft = st.mean_accepted_length - 1.0 if st.mean_accepted_length is not None else None
         advice = policy.adapt_draft_length(n, verdict, per_draft, draft_length_ceiling(inst.speculator),
                                            inst.cfg.draft_len_failed)
+        before = inst.draft_advice
         inst.draft_advice = advice.to_json()
         if advice.action not in (policy.SHORTER, policy.LONGER):
             return False
+        if before != inst.draft_advice:
+            log.warning("%s: %s", inst.name, advice.detail)
+            self.bus.publish("speculation", model=inst.name, flagged=verdict.state == "below", check=inst.spec_check,
+                             draft_length=advice.n_max, was=n,
+                             message=f"{inst.name}: {advice.detail}; relaunching with drafts of {advice.n_max} tokens "
+                                     "when idle (--spec auto)")
         if inst.active > 0:
-            return True  # shown in ps (draft_length.advice); done at the next idle moment
+            return True  # done at the next idle moment
         if advice.action == policy.SHORTER:
             inst.cfg.draft_len_failed = n
         inst.cfg.draft_len, inst.cfg.draft_len_reason = advice.n_max, advice.detail
-        log.warning("%s: draft length %d -> %d: %s", inst.name, n, advice.n_max, advice.detail)
-        self.bus.publish("speculation", model=inst.name, draft_length=advice.n_max, was=n,
-                         message=f"{inst.name}: relaunching with drafts of {advice.n_max} tokens (was {n}): "
-                                 f"{advice.detail}")
+        self.bus.publish("speculation", model=inst.name, relaunch=True, draft_length=advice.n_max, was=n,
+                         message=f"{inst.name}: relaunching with drafts of {advice.n_max} tokens (was {n})")
         await self.restart(inst.name)
         return True
 
