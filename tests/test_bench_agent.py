@@ -56,7 +56,11 @@ def _check_consistent(doc: dict) -> None:
         for f in ("wall_s", "decode_s", "prefill_s"):
             assert t[f] == pytest.approx(sum(x[f] for x in turns)), f
         assert t["turns"] == len(turns) and t["cache_hits"] == sum(x["cache_hit"] for x in turns)
-        assert doc["projection"][s["phase"]][s["config"]]["wall_s"] == pytest.approx(t["wall_s"])
+        assert doc["projection"][s["session"]][s["phase"]][s["config"]]["wall_s"] == pytest.approx(t["wall_s"])
+    for phase, rows in doc["projection"]["all"].items():
+        for config, p in rows.items():
+            assert p["wall_s"] == pytest.approx(sum(s["totals"]["wall_s"] for s in doc["sessions"]
+                                                    if s["phase"] == phase and s["config"] == config))
 
 
 # ------------------------------------------------------------------------------------------------ pure
@@ -80,7 +84,8 @@ def test_totals_are_the_sums_of_the_turns() -> None:
 
 def test_projection_is_measured_session_wall_time_against_off() -> None:
     doc = sessions_json([_turn(1), _turn(2), _turn(1, "ngram", wall_s=1.0), _turn(2, "ngram", wall_s=2.0)])
-    p = projection(doc)["alone"]
+    p = projection(doc)["s"]["alone"]
+    assert projection(doc)["all"]["alone"] == p  # one session: the whole is that session
     assert p["off"]["vs_off"] == 1.0 and p["ngram"]["wall_s"] == pytest.approx(3.0)
     assert p["ngram"]["saved_s"] == pytest.approx(5.0 - 3.0) and p["ngram"]["vs_off"] == pytest.approx(3.0 / 5.0)
 

@@ -77,14 +77,20 @@ def session_totals(turns: Sequence[TurnResult]) -> dict:
 
 
 def projection(sessions: Sequence[dict], baseline: str = OFF) -> dict:
-    """The seeds' claim measured: per phase, each configuration's session wall time, its ratio to off and the
-    seconds it saves (or costs) on the whole session."""
+    """The seeds' claim measured: per session and phase, each configuration's session wall time, its ratio to
+    off and the seconds it saves (or costs) on the whole session; under "all", the same over every session
+    (their wall times added)."""
     out: dict = {}
-    for phase in dict.fromkeys(s["phase"] for s in sessions):
-        rows = {s["config"]: s["totals"]["wall_s"] for s in sessions if s["phase"] == phase}
+    groups: dict[tuple[str, str], dict[str, float]] = {}
+    for s in sessions:
+        groups.setdefault((s["session"], s["phase"]), {})[s["config"]] = s["totals"]["wall_s"]
+        whole = groups.setdefault(("all", s["phase"]), {})
+        whole[s["config"]] = whole.get(s["config"], 0.0) + s["totals"]["wall_s"]
+    for (session, phase), rows in groups.items():
         base = rows.get(baseline)
-        out[phase] = {c: {"wall_s": w, "vs_off": (w / base) if base else None,
-                          "saved_s": (base - w) if base is not None else None} for c, w in rows.items()}
+        out.setdefault(session, {})[phase] = {
+            c: {"wall_s": w, "vs_off": (w / base) if base else None,
+                "saved_s": (base - w) if base is not None else None} for c, w in rows.items()}
     return out
 
 
@@ -253,7 +259,7 @@ def table(doc: dict) -> str:
     proj = doc.get("projection", {})
     for s in doc["sessions"]:
         t = s["totals"]
-        vs = proj.get(s["phase"], {}).get(s["config"], {}).get("vs_off")
+        vs = proj.get(s["session"], {}).get(s["phase"], {}).get(s["config"], {}).get("vs_off")
         lines.append(f"{s['session'][:12]:<12} {s['phase'][:8]:<8} {s['config'][:26]:<26} {t['wall_s']:8.1f} "
                      f"{'-' if vs is None else format(vs, '.2f') + 'x':>7} {t['ttft_s']:9.2f} {t['prompt_n']:8d} "
                      f"{t['cache_n']:8d} {t['cache_hits']:>2}/{t['turns']:<2} {_f(t['decode_tok_s']):>7} "
