@@ -257,3 +257,20 @@ def test_tune_on_a_session_stays_within_its_budget(gemma_gguf: Path, engine, tmp
     assert res["rounds"] == 1 and len(res["sweep"]) == 1 and res["sweep"][0]["samples"] == 1
     assert res["profile"]["workload"] == "agent" and Path(res["path"]).is_file()
     assert "left unmeasured" in proc.stderr
+
+
+def test_prompt_bench_beside_a_load_with_thread_settings(gemma_gguf: Path, engine, tmp_path: Path) -> None:
+    """`--load 1 --threads planned,all` on a prompt workload: every configuration once per thread setting, every
+    prompt alone and beside the load (workload chat+load1), the thread flags in each configuration's argv."""
+    doc = _bench(gemma_gguf, tmp_path, "--workload", "chat", "--spec", "ngram-simple", "--runs", "1", "--tokens", "4",
+                 "--threads", "planned,all", "--load", "1")
+    rows = {(r["workload"], r["config"]) for r in doc["results"]}
+    configs = {"off", "ngram-simple", "off t=all", "ngram-simple t=all"}
+    assert rows == {(w, c) for w in ("chat", "chat+load1") for c in configs}
+    assert doc["load"] == 1 and set(doc["configs"]) == configs
+    argv = doc["configs"]["off t=all"]["argv"]
+    cores = argv[argv.index("-t") + 1]
+    assert argv[argv.index("-tb") + 1] == cores and int(cores) >= 1
+    if doc["threads"] is not None:  # the planned setting is the plan's
+        planned = doc["configs"]["off"]["argv"]
+        assert planned[planned.index("-t") + 1] == str(doc["threads"]["threads"])

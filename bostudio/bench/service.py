@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bostudio.bench import measure
+from bostudio.bench import agent, measure
 from bostudio.bench.load import CompetingLoad
 from bostudio.bench.runner import (Bench, BenchConfig, Plan, config_names, parse_ctx_list, parse_threads,
                                    resolve_configs, run, sweep_fits)
-from bostudio.bench.sessions import DEFAULT_PREFIX_TOKENS, DEFAULT_TURNS, is_session
+from bostudio.bench.sessions import DEFAULT_PREFIX_TOKENS, DEFAULT_TURNS, is_session, resolve_session
 from bostudio.bench.workloads import resolve_workloads
 from bostudio.catalog.resolve import model_name, resolve_model
 from bostudio.engine.discover import find_engine
@@ -88,8 +89,6 @@ def run_bench(opts: BenchOptions, progress: Callable[[int, int, str], None],
 
 def with_thread_settings(configs: list[BenchConfig], threads: str | None) -> list[BenchConfig]:
     """Each configuration once per --threads setting; labels name the setting when it is not the plan's."""
-    from dataclasses import replace
-
     settings = parse_threads(threads)
     return [replace(c, label=c.label if t == "planned" else f"{c.label} t={t}", threads=t)
             for t in settings for c in configs]
@@ -99,9 +98,6 @@ def run_agent_bench(opts: BenchOptions, progress: Callable[[int, int, str], None
                     note: Callable[[str], None]) -> tuple[list[measure.Row], measure.Projection, dict]:
     """`bench --workload agent|DIR`: whole sessions turn by turn (bench.agent); the rows are empty (the JSON
     document carries the sessions, their turns and totals, and the measured projection)."""
-    from bostudio.bench import agent
-    from bostudio.bench.sessions import resolve_session
-
     if not all(is_session(w) for w in opts.workloads):
         raise ConfigError("agent sessions and single-prompt workloads cannot be mixed in one bench",
                           "run `--workload agent` (or a recorded DIR) on its own")
@@ -115,9 +111,7 @@ def run_agent_bench(opts: BenchOptions, progress: Callable[[int, int, str], None
     sessions = [resolve_session(w, opts.prefix_tokens, opts.session_turns, variant=r)
                 for r in range(opts.runs) for w in opts.workloads]
     if opts.runs > 1:
-        from dataclasses import replace as _replace
-
-        sessions = [_replace(s, name=f"{s.name}#{i // len(opts.workloads) + 1}") for i, s in enumerate(sessions)]
+        sessions = [replace(s, name=f"{s.name}#{i // len(opts.workloads) + 1}") for i, s in enumerate(sessions)]
     ctx = agent.session_ctx(sessions, tokens, info.n_ctx_train, note)
     configs = with_thread_settings(
         [c for n in config_names(opts.spec, engine, info) for c in resolve_configs(n, info, engine, ctx, note)],
@@ -127,8 +121,6 @@ def run_agent_bench(opts: BenchOptions, progress: Callable[[int, int, str], None
             note(f"{s.name}: not replayed (not a generation): {skipped}")
     # A session's passes must each start cold: -cram 0 (no host prompt cache: only the slot's own cache carries a
     # prefix from turn to turn), and the slots are erased before each pass (which needs --slot-save-path).
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="bostudio-bench-slots-") as slots, CompetingLoad(opts.load) as load, \
             Bench(info, engine, configs, ctx, note, ("-cram", "0", "--slot-save-path", slots)) as bench:
         turns = agent.run_sessions(bench, sessions, tokens, load if opts.load else None, progress)

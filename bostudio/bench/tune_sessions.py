@@ -15,6 +15,7 @@ from; it always runs.
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -69,8 +70,6 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
     rounds = 0
     off = BenchConfig(OFF, Speculator("none", reason="baseline"))
     name = Path(workload).name if workload != "agent" else workload
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="bostudio-tune-slots-") as slots:
         args = ("-cram", "0", "--slot-save-path", slots)
         with Bench(info, engine, [off], ctx, progress, args) as base:
