@@ -661,6 +661,11 @@ class Supervisor:
                                       f"{', '.join(inst.lost_workers)}: {exc.message}",
                                       "restart the worker's `bostudio rpc serve`, then restart the model") from exc
             raise
+        # CPU threads (planner.threads) are split between this child and those already resident (a child
+        # launched alone gets the whole rule; one launched beside two others, a third of it).
+        others = sum(1 for i in self.instances.values() if i is not inst and i.state in RESIDENT_STATES)
+        if others:
+            planned = replace(planned, intent=replace(planned.intent, children=1 + others))
         speculator = planned.chosen.speculator
         if cfg.draft_len is not None and cfg.spec == "auto" and draft_length(speculator) is not None:
             # the draft length the acceptance check settled on (policy.adapt_draft_length): shorter drafts
