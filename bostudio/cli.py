@@ -450,6 +450,8 @@ def cmd_up_daemon(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- daemon
 
 def _daemon_options(args: argparse.Namespace):
+    from pathlib import Path
+
     from bostudio.daemon.limits import HttpLimits
     from bostudio.daemon.service import DaemonOptions
     from bostudio.daemon.supervisor import SupervisorOptions
@@ -471,11 +473,14 @@ def _daemon_options(args: argparse.Namespace):
                         body_timeout=args.body_timeout, max_connections=args.max_connections,
                         max_header_bytes=int(args.max_header_kib * 1024), max_headers=args.max_headers)
     return DaemonOptions(host=args.host, port=args.port, require_token=args.require_token,
-                         allow_hosts=tuple(args.allow_host), supervisor=sup, limits=limits)
+                         allow_hosts=tuple(args.allow_host), supervisor=sup, limits=limits,
+                         record=str(Path(args.record).expanduser().resolve()) if getattr(args, "record", None) else None)
 
 
 def _daemon_args(args: argparse.Namespace) -> list[str]:
     """The daemon options of this command line, to pass to a background daemon."""
+    from pathlib import Path
+
     out = ["--memory-budget", str(args.memory_budget), "--idle-ttl", str(args.idle_ttl),
            "--stall-timeout", str(args.stall_timeout), "--stream-idle-timeout", str(args.stream_idle_timeout),
            "--failed-cooldown", str(args.failed_cooldown), "--prompt-store-mib", str(args.prompt_store_mib),
@@ -489,6 +494,7 @@ def _daemon_args(args: argparse.Namespace) -> list[str]:
     out += ["--engine", args.engine] if args.engine else []
     out += ["--pull", args.pull] if args.pull else []
     out += ["--rpc", args.rpc] if args.rpc else []
+    out += ["--record", str(Path(args.record).expanduser().resolve())] if getattr(args, "record", None) else []
     out += ["--require-token"] if args.require_token else []
     for h in args.allow_host:
         out += ["--allow-host", h]
@@ -605,6 +611,13 @@ def cmd_ps(args: argparse.Namespace) -> int:
         if r.get("auto_off"):
             print(f"  ! {r['model']}: auto switched speculation for workload {r['auto_off']['workload']!r}: "
                   f"{r['auto_off']['reason']}")
+        dl = r.get("draft_length")
+        if dl and (dl.get("adapted") or (dl.get("advice") or {}).get("action") in ("shorter", "longer")):
+            advice = dl.get("advice") or {}
+            pending = (f"; next: {advice['n_max']} tokens when idle ({advice['detail']})"
+                       if advice.get("action") in ("shorter", "longer") else "")
+            print(f"  ~ {r['model']}: drafts of {dl['n_max']} tokens"
+                  + (f" (adapted at run time: {dl['reason']})" if dl.get("adapted") else "") + pending)
     return 0
 
 
@@ -827,6 +840,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also accept this Host header name (e.g. the machine's DNS name); repeatable")
     common.add_argument("--rpc", default=None, metavar="HOST:PORT,...",
                         help=RPC_HELP + "; a child that loses a worker is relaunched without it if it still fits")
+    common.add_argument("--record", default=None, metavar="DIR",
+                        help="save every request body (route, headers without credentials, body, time) to DIR, "
+                             "one numbered file each, in the order received; `bostudio bench --workload DIR` "
+                             "replays the session")
     p = sub.add_parser("daemon", parents=[common], help="run the daemon: one OpenAI endpoint for every model",
                        description="Run the bostudio daemon in the foreground: one OpenAI-compatible endpoint "
                                    "(/v1) that loads models on demand, routes by `model`, supervises the "

@@ -28,7 +28,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         () if args.ctx and args.ctx_only else ("code", "edit", "chat"))
     opts = BenchOptions(model=args.model, workloads=workloads, spec=args.spec, ctx=args.ctx, runs=args.runs,
                         tokens=args.tokens, repeat=args.repeat, turns=args.turns,
-                        tokens_per_turn=args.tokens_per_turn, engine=args.engine)
+                        tokens_per_turn=args.tokens_per_turn, engine=args.engine, load=args.load,
+                        threads=args.threads, prefix_tokens=args.prefix_tokens, session_turns=args.session_turns)
     if args.plot:  # checked before the run: found after an hour of measuring, a bad --plot would lose the hour
         import importlib.util
 
@@ -39,6 +40,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise ConfigError("--plot needs matplotlib, which is not installed",
                               "pip install 'bostudio[plot]' (or pip install matplotlib), or leave out --plot")
     rows, projection, doc = run_bench(opts, _progress, _note)
+    if "sessions" in doc:
+        return _print_sessions(args, doc)
     if args.plot:
         out = report.plot(rows, Path(args.plot), f"{doc['model']} - {doc['engine']} - {doc['runs']} run(s)")
         doc["plot"] = str(out)
@@ -50,6 +53,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"{doc['model']} on llama-server {doc['engine']}; {doc['runs']} interleaved run(s), "
           f"{'the same prompts each run (--repeat)' if args.repeat else 'fresh prompts each run'}")
     print(report.table(rows, projection))
+    return 0
+
+
+def _print_sessions(args: argparse.Namespace, doc: dict) -> int:
+    from bostudio.bench import agent
+
+    if args.plot:
+        out = agent.plot(doc, Path(args.plot), f"{doc['model']} - {doc['engine']} - agent sessions, "
+                                               f"{doc['tokens_per_turn']} tokens a turn")
+        doc["plot"] = str(out)
+        _note(f"chart written to {out}")
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(f"{doc['model']} on llama-server {doc['engine']}; agent sessions turn by turn, at most "
+          f"{doc['tokens_per_turn']} output tokens a turn, ctx {doc['ctx']}"
+          + (f", beside {doc['load']} busy process(es)" if doc["load"] else ""))
+    print(agent.table(doc))
     return 0
 
 
@@ -72,10 +94,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
             raise ConfigError(f"draft model {draft} not found", "pass an existing .gguf file as --draft")
     elif args.self_draft:
         draft = make_self_draft(model, args.self_draft, engine, log=_note)
+    from bostudio.bench.sessions import is_session
+    from bostudio.bench.tune_sessions import run_tune_sessions
+
     names = [w for arg in args.workload for w in arg.split(",") if w] if args.workload else ["code"]
     out = []
     budget = args.budget_s / len(names)
-    for name, tasks in resolve_workloads(names).items():
+    sessions = [n for n in names if is_session(n)]
+    prompts = resolve_workloads([n for n in names if not is_session(n)])
+    for name in sessions:
+        _note(f"tuning {model.name} on agent session {name!r} within {budget:.0f} s")
+        out.append(run_tune_sessions(model, engine, name, budget, args.tokens, draft, lambda m: _note(f"tune: {m}"),
+                                     args.prefix_tokens, args.session_turns))
+    for name, tasks in prompts.items():
         _note(f"tuning {model.name} for workload {name!r} within {budget:.0f} s")
         res = run_tune(model, engine, name, tasks, budget, args.tokens, draft,
                        lambda m: _note(f"tune: {m}"))
@@ -116,7 +147,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", nargs="?", default=None, metavar="MODEL",
                    help="a GGUF path or a model name `bostudio ls` shows (default: the embedded Gemma 3 270M)")
     p.add_argument("--workload", action="append", default=None, metavar="W",
-                   help="code | edit | chat | a prompt FILE; repeat or comma-separate (default: code,edit,chat)")
+                   help="code | edit | chat | a prompt FILE; repeat or comma-separate (default: code,edit,chat); "
+                        "or agent sessions, turn by turn: `agent` (the shipped session: a system prompt and tool "
+                        "schemas of --prefix-tokens, then --session-turns turns of tool calls and edits on "
+                        "bostudio's own source) or a DIR recorded with `bostudio daemon --record DIR`")
+    p.add_argument("--prefix-tokens", type=int, default=18000, metavar="N",
+                   help="agent: the shipped session's system prompt and tools, in tokens (default 18000)")
+    p.add_argument("--session-turns", type=int, default=12, metavar="N",
+                   help="agent: the shipped session's turns (default 12)")
+    p.add_argument("--load", type=int, default=0, metavar="N",
+                   help="also measure beside N busy processes (CPU-bound loops in their own process group, paused "
+                        "for the samples taken alone, killed at the end): each sample alone and beside the load")
+    p.add_argument("--threads", default=None, metavar="LIST",
+                   help="CPU thread settings to compare: planned (the plan's -t/-tb, the default), all (every "
+                        "core), T or T/TB; e.g. --threads planned,all --load 1")
     p.add_argument("--spec", default=None, metavar="LIST",
                    help="comma-separated configurations besides off: ngram-simple, ngram-map-k, ngram-map-k4v, "
                         "ngram-mod, ngram-cache, auto[@WORKLOAD] (as `up --workload` runs it: the tuned profile), "
@@ -129,7 +173,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ctx-only", action="store_true", help="with --ctx and no --workload: only the sweep")
     p.add_argument("--runs", type=int, default=3, metavar="N", help="interleaved runs (default 3)")
     p.add_argument("--tokens", type=int, default=None, metavar="N",
-                   help="output tokens per request (default: each task's own fixed length, 128-160)")
+                   help="output tokens per request (default: each task's own fixed length, 128-160; agent "
+                        "sessions: 128 a turn)")
     p.add_argument("--repeat", action="store_true",
                    help="send the same prompts every run (n-gram state from earlier runs then flatters)")
     p.add_argument("--turns", type=int, default=50, metavar="N", help="projection: agent turns (default 50)")
@@ -154,9 +199,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", nargs="?", default=None, metavar="MODEL",
                    help="a GGUF path or a model name `bostudio ls` shows (default: the embedded Gemma 3 270M)")
     p.add_argument("--workload", action="append", default=None, metavar="W",
-                   help="code | edit | chat | a prompt FILE; one profile each (default: code)")
+                   help="code | edit | chat | a prompt FILE; one profile each (default: code); or `agent` / a "
+                        "recorded session DIR: tune on whole sessions (a pass = the session replayed turn by "
+                        "turn beside off; ranked by session wall time), profile `agent` / the DIR's name")
+    p.add_argument("--prefix-tokens", type=int, default=18000, metavar="N",
+                   help="agent: the shipped session's system prompt and tools, in tokens (default 18000)")
+    p.add_argument("--session-turns", type=int, default=12, metavar="N",
+                   help="agent: the shipped session's turns (default 12)")
     p.add_argument("--budget-s", type=float, default=600.0, metavar="S",
-                   help="time for the whole sweep, split between the workloads (default 600)")
+                   help="time for the whole sweep, split between the workloads (default 600); a bound: each "
+                        "round (and for sessions each pass) is estimated from what was measured and not started "
+                        "when it would not end within it")
     p.add_argument("--tokens", type=int, default=None, metavar="N", help="output tokens per request "
                    "(default: each task's own length)")
     p.add_argument("--draft", default=None, metavar="PATH", help="a draft model to sweep draft-simple with")

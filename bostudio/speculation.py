@@ -143,3 +143,53 @@ def choose_speculator(req: SpecRequest, *, n_nextn: int, engine_spec_types: tupl
     return Speculator("ngram", NGRAM,
                       reason=f"auto: n-gram speculation (ngram-mod) measurably pays on {where} and needs no "
                              "second model; a separate draft model of similar size does not pay")
+
+
+# ------------------------------------------------------------------------------- draft length at run time
+
+# What sets the length of a draft, per --spec-type, with llama.cpp's default (common/common.h:328, 355-363):
+# draft models and MTP: --spec-draft-n-max (3); ngram-mod: --spec-ngram-mod-n-max (64, with n-min 48: a shorter
+# match drafts nothing); the other n-gram lookups: the m-gram they propose, --spec-<type>-size-m (48).
+# ngram-cache has no length of its own.
+_LENGTH_DEFAULTS = {"ngram-mod": 64, "ngram-simple": 48, "ngram-map-k": 48, "ngram-map-k4v": 48}
+DRAFT_LENGTH_CEILING = {"ngram-mod": 64, "ngram-simple": 48, "ngram-map-k": 48, "ngram-map-k4v": 48}
+DRAFT_MODEL_CEILING = 16
+
+
+def _param(sp: Speculator, variant: str, name: str) -> int | None:
+    return next((v for t, n, v in sp.ngram_params if t == variant and n == name), None)
+
+
+def draft_length(sp: Speculator) -> int | None:
+    """The longest draft `sp` proposes per step (None: no speculation, or one with no length to set)."""
+    if sp.kind == "none" or not sp.spec_types:
+        return None
+    if sp.kind != "ngram":
+        return sp.n_max if sp.n_max is not None else 3
+    t = sp.spec_types[0]
+    if t == "ngram-mod":
+        return _param(sp, t, "n_max") or _LENGTH_DEFAULTS[t]
+    if t in _LENGTH_DEFAULTS:
+        return _param(sp, t, "size_m") or _LENGTH_DEFAULTS[t]
+    return None
+
+
+def draft_length_ceiling(sp: Speculator) -> int:
+    if sp.kind == "ngram" and sp.spec_types:
+        return DRAFT_LENGTH_CEILING.get(sp.spec_types[0], 64)
+    return DRAFT_MODEL_CEILING
+
+
+def with_draft_length(sp: Speculator, n: int, why: str) -> Speculator:
+    """`sp` proposing drafts of at most `n` tokens (ngram-mod: n-max n and n-min n/2, so that shorter matches
+    still draft; the other n-gram lookups: an m-gram of n; draft models and MTP: --spec-draft-n-max n)."""
+    from dataclasses import replace
+
+    n = max(1, n)
+    reason = f"{sp.reason}; {why}" if sp.reason else why
+    if sp.kind != "ngram":
+        return replace(sp, n_max=n, n_min=min(sp.n_min, n) if sp.n_min is not None else None, reason=reason)
+    t = sp.spec_types[0]
+    names = {"ngram-mod": {"n_max": n, "n_min": max(1, n // 2)}}.get(t, {"size_m": n})
+    kept = tuple(p for p in sp.ngram_params if not (p[0] == t and p[1] in names))
+    return replace(sp, ngram_params=kept + tuple((t, k, v) for k, v in names.items()), reason=reason)

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from bostudio.daemon import policy, security, state
 from bostudio.daemon.guard import check_request
 from bostudio.daemon.service import install_unit, launchd_plist, systemd_unit
-from bostudio.daemon.stats import InstanceStats, parse_metrics, timings_from_sse
+from bostudio.daemon.stats import InstanceStats, timings_from_sse
+from bostudio.runtime.metrics import parse_metrics
 from bostudio.errors import ConfigError, DaemonError, RequestError
 from bostudio.runtime.net import is_loopback
 from bostudio.runtime.process import CrashHistory, LoadWatch, process_matches, reap_group

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,6 +29,9 @@ from bostudio.runtime.net import free_loopback_port
 from bostudio.runtime.process import ServerProcess
 from bostudio.speculation import DRAFT_N_MAX, NGRAM_VARIANTS, SpecRequest, Speculator, parse_spec
 
+if TYPE_CHECKING:
+    from bostudio.bench.load import CompetingLoad
+
 COMPLETION_TIMEOUT_S = 900.0  # one request on a loaded shared CPU can take minutes
 READY_TIMEOUT_S = 600.0
 DEFAULT_SELF_DRAFT = "Q2_K"
@@ -41,6 +45,40 @@ class BenchConfig:
 
     label: str
     speculator: Speculator
+    threads: str = "planned"  # planned (the plan's -t/-tb) | all (every core) | T | T/TB
+
+
+def parse_threads(value: str | None) -> list[str]:
+    """--threads LIST: planned, all, T or T/TB settings (default: planned only)."""
+    out = []
+    for part in (value or "planned").split(","):
+        p = part.strip()
+        if not p:
+            continue
+        nums = p.split("/")
+        if p not in ("planned", "all") and not (len(nums) <= 2 and all(n.isdigit() and int(n) > 0 for n in nums)):
+            raise ConfigError(f"--threads value {part!r} is not planned, all, T or T/TB", "e.g. --threads planned,all")
+        out.append(p)
+    if len(set(out)) != len(out):
+        raise ConfigError("a --threads setting is listed twice", "name each once")
+    return out or ["planned"]
+
+
+def with_threads(args: Sequence[str], setting: str, cores: int) -> list[str]:
+    """`args` with their -t/-tb replaced by `setting` (planned keeps them)."""
+    if setting == "planned":
+        return list(args)
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a in ("-t", "-tb"):
+            skip = True
+            continue
+        out.append(a)
+    t, _, tb = (f"{cores}/{cores}" if setting == "all" else setting).partition("/")
+    return out + ["-t", t, "-tb", tb or t]
 
 
 def config_names(value: str | None, engine: Engine, info: ModelInfo) -> list[str]:
@@ -128,18 +166,26 @@ class Bench:
     """The servers of one bench run. Use as a context manager: every server stops on exit."""
 
     def __init__(self, info: ModelInfo, engine: Engine, configs: Sequence[BenchConfig], ctx: int,
-                 progress: Progress) -> None:
+                 progress: Progress, server_args: Sequence[str] = ()) -> None:
         labels = [c.label for c in configs]
         if len(set(labels)) != len(labels):
             raise ConfigError("a configuration is listed twice in --spec", "name each configuration once")
         self.info, self.engine, self.configs, self.ctx, self.progress = info, engine, configs, ctx, progress
         # The launch decision of the baseline (one slot, speculation off): every side runs its memory
-        # plan (offload, cache types, -fit off) with its own speculator, so only the speculator differs.
+        # plan (offload, cache types, -fit off, threads) with its own speculator, so only the speculator
+        # (and, with --threads, the thread setting under test) differs.
         self.decision = bench_decision(info, engine, ctx)
+        self.server_args = tuple(server_args)
+        planned = self.decision.plan.threads
+        self.threads = planned  # the plan's CPU threads (None: cores unknown)
+        self.cores = planned.cores if planned is not None else (os.cpu_count() or 1)
         self.servers: list[_Server] = []
 
     def argv(self, config: BenchConfig, port: int) -> list[str]:
-        return self.decision.argv(port=port, alias=model_name(self.info.path), speculator=config.speculator)
+        spec = self.decision.launch_spec(port=port, alias=model_name(self.info.path), speculator=config.speculator)
+        spec = replace(spec, extra_args=tuple(with_threads(spec.extra_args, config.threads, self.cores))
+                       + self.server_args)
+        return build_argv(self.engine.path, self.engine.flags, spec)
 
     def __enter__(self) -> "Bench":
         logdir = paths.logs_dir() / "bench" / str(os.getpid())  # concurrent benches keep their own logs
@@ -239,19 +285,37 @@ class Plan:
         return per_run * self.runs * self.n_configs
 
 
-def run(bench: Bench, plan: Plan, progress: Callable[[int, int, str], None]) -> list[Sample]:
-    """Every round of `plan` on `bench`'s servers; progress(done, total, message) after each request."""
+def run(bench: Bench, plan: Plan, progress: Callable[[int, int, str], None], load: "CompetingLoad | None" = None) -> list[Sample]:
+    """Every round of `plan` on `bench`'s servers; progress(done, total, message) after each request. With a
+    competing `load`, every prompt runs twice, alone (the load paused) and beside it (its samples under the
+    workload `W+loadN`), the two alternating which goes first."""
+    from bostudio.bench.load import loaded_name
+
     samples: list[Sample] = []
     done = 0
+    phases = 2 if load is not None and load.n else 1
+    steps = plan.steps * phases
 
     def stepper(what: str) -> Callable[[str, dict], None]:
         def step(label: str, t: dict) -> None:
             nonlocal done
             done += 1
             tok = float(t.get("predicted_per_second") or 0.0)
-            progress(done, plan.steps, f"{what} {label}: {tok:.1f} tok/s, "
-                                       f"{t.get('draft_n_accepted', 0)}/{t.get('draft_n', 0)} accepted")
+            progress(done, steps, f"{what} {label}: {tok:.1f} tok/s, "
+                                  f"{t.get('draft_n_accepted', 0)}/{t.get('draft_n', 0)} accepted")
         return step
+
+    def one(workload: str, ctx: int | None, pid: int, prompt: str | list[int], tokens: int, what: str) -> list[Sample]:
+        if phases == 1:
+            return bench.round(workload, ctx, pid, prompt, tokens, stepper(what), pid)
+        assert load is not None
+        out = []
+        for loaded in ((False, True) if pid % 2 == 0 else (True, False)):
+            load.resume() if loaded else load.pause()
+            name = loaded_name(workload, load.n) if loaded else workload
+            out += bench.round(name, ctx, pid, prompt, tokens, stepper(what + (" +load" if loaded else "")), pid)
+        load.pause()
+        return out
 
     prompt_id = 0
     for r in range(plan.runs):
@@ -261,14 +325,12 @@ def run(bench: Bench, plan: Plan, progress: Callable[[int, int, str], None]) -> 
                 tokens = plan.tokens or task.tokens
                 what = f"run {r + 1}/{plan.runs} {name}/{task.name}"
                 # the order rotates with every prompt, so that even one run does not always start with off
-                samples += bench.round(name, None, prompt_id, task.prompt(variant), tokens, stepper(what),
-                                       prompt_id)
+                samples += one(name, None, prompt_id, task.prompt(variant), tokens, what)
                 prompt_id += 1
         for length in plan.ctx_sweep:
             tokens = plan.tokens or 64
             prompt = bench.context_prompt(length - tokens - 8, 0 if plan.repeat else r)
-            samples += bench.round("context", length, prompt_id, prompt, tokens,
-                                   stepper(f"run {r + 1}/{plan.runs} context {length}"), prompt_id)
+            samples += one("context", length, prompt_id, prompt, tokens, f"run {r + 1}/{plan.runs} context {length}")
             prompt_id += 1
     return samples
 

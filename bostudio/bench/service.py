@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bostudio.bench import measure
-from bostudio.bench.runner import (Bench, Plan, bench_decision, config_names, parse_ctx_list, resolve_configs, run,
-                                   sweep_fits)
+from bostudio.bench import agent, measure
+from bostudio.bench.load import CompetingLoad
+from bostudio.bench.runner import (Bench, BenchConfig, Plan, bench_decision, config_names, parse_ctx_list,
+                                   parse_threads, resolve_configs, run, sweep_fits)
+from bostudio.bench.sessions import DEFAULT_PREFIX_TOKENS, DEFAULT_TURNS, is_session, resolve_session
 from bostudio.bench.workloads import resolve_workloads
 from bostudio.catalog.resolve import model_name, resolve_model
 from bostudio.engine.discover import find_engine
@@ -30,6 +33,10 @@ class BenchOptions:
     turns: int = 50
     tokens_per_turn: int = 400
     engine: str | None = None
+    load: int = 0  # busy processes beside the servers (each sample alone and beside them)
+    threads: str | None = None  # --threads LIST: planned, all, T, T/TB (default: planned)
+    prefix_tokens: int = DEFAULT_PREFIX_TOKENS  # the shipped agent session's system prompt + tools
+    session_turns: int = DEFAULT_TURNS  # the shipped agent session's turns
 
 
 def run_bench(opts: BenchOptions, progress: Callable[[int, int, str], None],
@@ -39,6 +46,8 @@ def run_bench(opts: BenchOptions, progress: Callable[[int, int, str], None],
         raise ConfigError(f"--runs {opts.runs} is not a number of runs", "use --runs 1 or more")
     if opts.tokens is not None and not 1 <= opts.tokens <= 4096:
         raise ConfigError(f"--tokens {opts.tokens} is out of range", "use 1 to 4096 output tokens")
+    if any(is_session(w) for w in opts.workloads):
+        return run_agent_bench(opts, progress, note)
     workloads = resolve_workloads(list(opts.workloads)) if opts.workloads else {}
     path = resolve_model(opts.model, log=note)
     info = describe(path)
@@ -57,19 +66,73 @@ def run_bench(opts: BenchOptions, progress: Callable[[int, int, str], None],
                 raise
             note(f"context {sweep[-1]} does not fit this machine ({exc.message}): left out of the sweep")
             sweep = sweep[:-1]
-    configs = [c for n in config_names(opts.spec, engine, info) for c in resolve_configs(n, info, engine, ctx, note)]
+    configs = with_thread_settings(
+        [c for n in config_names(opts.spec, engine, info) for c in resolve_configs(n, info, engine, ctx, note)],
+        opts.threads)
     plan = Plan(workloads, opts.runs, tuple(sweep), opts.tokens, opts.repeat, len(configs))
-    with Bench(info, engine, configs, ctx, note) as bench:
-        samples = run(bench, plan, progress)
+    with CompetingLoad(opts.load) as load, Bench(info, engine, configs, ctx, note) as bench:
+        samples = run(bench, plan, progress, load if opts.load else None)
         argv = {c.label: bench.argv(c, 0)[1:] for c in configs}
+        threads = bench.threads
     rows = measure.summarise(samples)
     projection = measure.project(rows, opts.turns, opts.tokens_per_turn)
     doc = measure.report_json(model_name(path), f"{engine.version} ({engine.commit}, {'+'.join(engine.backends)})",
                               opts.runs, rows, projection, model_path=str(path), repeat=opts.repeat,
                               configs={c.label: {"spec_types": list(c.speculator.spec_types),
                                                  "draft": str(c.speculator.draft) if c.speculator.draft else None,
-                                                 "argv": argv[c.label]} for c in configs})
+                                                 "argv": argv[c.label]} for c in configs},
+                              load=opts.load, threads=threads.to_json() if threads is not None else None)
     return rows, projection, doc
+
+
+def with_thread_settings(configs: list[BenchConfig], threads: str | None) -> list[BenchConfig]:
+    """Each configuration once per --threads setting; labels name the setting when it is not the plan's."""
+    settings = parse_threads(threads)
+    return [replace(c, label=c.label if t == "planned" else f"{c.label} t={t}", threads=t)
+            for t in settings for c in configs]
+
+
+def run_agent_bench(opts: BenchOptions, progress: Callable[[int, int, str], None],
+                    note: Callable[[str], None]) -> tuple[list[measure.Row], measure.Projection, dict]:
+    """`bench --workload agent|DIR`: whole sessions turn by turn (bench.agent); the rows are empty (the JSON
+    document carries the sessions, their turns and totals, and the measured projection)."""
+    if not all(is_session(w) for w in opts.workloads):
+        raise ConfigError("agent sessions and single-prompt workloads cannot be mixed in one bench",
+                          "run `--workload agent` (or a recorded DIR) on its own")
+    if opts.ctx:
+        raise ConfigError("--ctx does not apply to agent sessions", "leave out --ctx")
+    tokens = opts.tokens or 128
+    path = resolve_model(opts.model, log=note)
+    info = describe(path)
+    engine = find_engine(opts.engine)
+    # one pass per --runs, each shipped pass on a fresh prefix (another variant of the session)
+    sessions = [resolve_session(w, opts.prefix_tokens, opts.session_turns, variant=r)
+                for r in range(opts.runs) for w in opts.workloads]
+    if opts.runs > 1:
+        sessions = [replace(s, name=f"{s.name}#{i // len(opts.workloads) + 1}") for i, s in enumerate(sessions)]
+    ctx = agent.session_ctx(sessions, tokens, info.n_ctx_train, note)
+    configs = with_thread_settings(
+        [c for n in config_names(opts.spec, engine, info) for c in resolve_configs(n, info, engine, ctx, note)],
+        opts.threads)
+    for s in sessions:
+        for skipped in s.skipped:
+            note(f"{s.name}: not replayed (not a generation): {skipped}")
+    # A session's passes must each start cold: -cram 0 (no host prompt cache: only the slot's own cache carries a
+    # prefix from turn to turn), and the slots are erased before each pass (which needs --slot-save-path).
+    with tempfile.TemporaryDirectory(prefix="bostudio-bench-slots-") as slots, CompetingLoad(opts.load) as load, \
+            Bench(info, engine, configs, ctx, note, ("-cram", "0", "--slot-save-path", slots)) as bench:
+        turns = agent.run_sessions(bench, sessions, tokens, load if opts.load else None, progress)
+        argv = {c.label: bench.argv(c, 0)[1:] for c in configs}
+        threads = bench.threads
+    per_session = agent.sessions_json(turns)
+    doc = {"model": model_name(path), "engine": f"{engine.version} ({engine.commit}, {'+'.join(engine.backends)})",
+           "model_path": str(path), "workload": list(opts.workloads), "runs": opts.runs, "tokens_per_turn": tokens,
+           "ctx": ctx, "load": opts.load, "threads": threads.to_json() if threads is not None else None,
+           "sessions": per_session, "projection": agent.projection(per_session),
+           "configs": {c.label: {"spec_types": list(c.speculator.spec_types), "threads": c.threads,
+                                 "draft": str(c.speculator.draft) if c.speculator.draft else None,
+                                 "argv": argv[c.label]} for c in configs}}
+    return [], measure.Projection(0, tokens, {}), doc
 
 
 def write_plot(rows: list[measure.Row], out: Path, title: str) -> Path:

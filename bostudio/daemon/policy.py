@@ -88,3 +88,49 @@ def fallback_action(verdict: SpecVerdict, spec_mode: str, speculating: bool, bus
     if spec_mode != "auto" or busy:
         return FLAG
     return RELAUNCH
+
+
+# ------------------------------------------------------------------ draft length at run time
+
+KEEP, SHORTER, LONGER, OFF = "keep", "shorter", "longer", "off"
+DRAFT_FLOOR = 2  # below this a draft hardly pays for the verification step it adds
+FULL_DRAFTS = 0.75  # drafts accepted to this fraction of their length, on average, could be longer
+
+
+@dataclass(frozen=True)
+class DraftAdvice:
+    """What to do with the draft length, from the acceptance since the child was launched."""
+
+    action: str  # keep | shorter | longer | off
+    n_max: int  # the draft length to run (the current one for keep and off)
+    detail: str
+
+    def to_json(self) -> dict:
+        return {"action": self.action, "n_max": self.n_max, "detail": self.detail}
+
+
+def adapt_draft_length(n_max: int, verdict: SpecVerdict, accepted_per_draft: float | None, ceiling: int,
+                       failed_at: int | None = None, floor: int = DRAFT_FLOOR) -> DraftAdvice:
+    """The draft length to run next, from acceptance against the break-even (`verdict`) and the tokens a
+    draft gets accepted on average (`accepted_per_draft`, None when unknown).
+
+    - Below break-even, a shorter draft wastes less: about twice what a draft gets accepted, at most half
+      the current length, at least `floor`; already at the floor, speculation goes off.
+    - Above it, with drafts accepted nearly whole (FULL_DRAFTS of their length): twice as long, up to the
+      `ceiling`, and below half a length that already fell below break-even (`failed_at`), so that the
+      length settles instead of swinging.
+    - Otherwise (or too little data): keep."""
+    if verdict.state == "unknown":
+        return DraftAdvice(KEEP, n_max, verdict.detail)
+    if verdict.state == "below":
+        if n_max <= floor:
+            return DraftAdvice(OFF, n_max, f"{verdict.detail}; drafts of {n_max} are already the shortest")
+        want = 2 * accepted_per_draft if accepted_per_draft is not None else n_max / 4
+        new = max(floor, min(n_max // 2, int(round(want))))
+        return DraftAdvice(SHORTER, new, f"{verdict.detail}; drafts of {n_max} -> {new} tokens")
+    cap = min(ceiling, (failed_at // 2) if failed_at else ceiling)
+    if accepted_per_draft is not None and accepted_per_draft >= FULL_DRAFTS * n_max and n_max < cap:
+        new = min(cap, 2 * n_max)
+        return DraftAdvice(LONGER, new, f"{verdict.detail}; drafts are accepted nearly whole "
+                                        f"({accepted_per_draft:.1f} of {n_max}): {n_max} -> {new} tokens")
+    return DraftAdvice(KEEP, n_max, verdict.detail)

@@ -17,7 +17,7 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from bostudio.daemon import admission
+from bostudio.daemon import admission, record
 from bostudio.daemon.capabilities import GENERATE, model_caps
 from bostudio.daemon.guard import check_request
 from bostudio.daemon.stats import timings_from_body, timings_from_sse
@@ -147,6 +147,9 @@ class Router:
             raise Reject(api_error(api, 400, "the request body is not JSON", "invalid_request_error"))
         if not isinstance(body, dict):
             raise Reject(api_error(api, 400, "the request body must be a JSON object", "invalid_request_error"))
+        recorder = record.active()  # `daemon --record DIR`: saved in the order received
+        if recorder is not None:
+            await recorder.save(request.url.path, dict(request.headers), body)
         return bytes(raw), body
 
     def too_large(self, api: str) -> JSONResponse:

@@ -40,6 +40,7 @@ class DaemonOptions:
     allow_hosts: tuple[str, ...] = ()
     supervisor: SupervisorOptions = SupervisorOptions()
     limits: HttpLimits = HttpLimits()  # connection and body discipline (daemon/limits.py)
+    record: str | None = None  # save every request body here, in order (`bench --workload DIR` replays them)
 
 
 def _setup_logging() -> Path:
@@ -69,6 +70,9 @@ def run_daemon(opts: DaemonOptions) -> int:
     if alive is not None:
         raise DaemonError(f"a daemon is already running at {alive.url} (pid {alive.pid})",
                           "stop it with `bostudio daemon stop`, or use it")
+    from bostudio.daemon.record import start_recording
+
+    recorder = start_recording(Path(opts.record) if opts.record else None)
     log_path = _setup_logging()
     left = state.load()
     if left is not None:
@@ -92,7 +96,8 @@ def run_daemon(opts: DaemonOptions) -> int:
     app = build_app(opts.supervisor, info, allowed_hosts(opts.host, opts.allow_hosts), token, on_children,
                     opts.limits)
     state.save(record)
-    print(f"bostudio daemon {__version__} on {record.url} (OpenAI base URL {record.url}/v1; log {log_path})",
+    print(f"bostudio daemon {__version__} on {record.url} (OpenAI base URL {record.url}/v1; log {log_path})"
+          + (f"; recording request bodies to {recorder.dir}" if recorder is not None else ""),
           file=sys.stderr, flush=True)
     # The guarded protocol times each request head and caps its size and the open connections;
     # uvicorn closes a connection idle between requests after the keep-alive timeout.

@@ -3,21 +3,7 @@
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass
-
-_METRIC = re.compile(r"^llamacpp:(\w+)(?:\{[^}]*\})?\s+([-+0-9.eE]+|nan|inf)\s*$", re.M)
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Unlabelled `llamacpp:*` samples from a Prometheus text page (labelled ones summed by name)."""
-    out: dict[str, float] = {}
-    for name, value in _METRIC.findall(text):
-        try:
-            out[name] = out.get(name, 0.0) + float(value)
-        except ValueError:
-            continue
-    return out
 
 
 def timings_from_body(body: bytes) -> dict | None:

@@ -14,7 +14,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -27,7 +27,8 @@ from bostudio.daemon.modelpaths import check_model_path, check_spec
 from bostudio.daemon.slots import SlotStore, StateKey, restore_slots, save_slots, state_key
 from bostudio.daemon.events import EventBus
 from bostudio.daemon.state import ChildRecord, instance_log_path
-from bostudio.daemon.stats import InstanceStats, parse_metrics
+from bostudio.daemon.stats import InstanceStats
+from bostudio.runtime.metrics import parse_metrics
 from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PlanError, PortInUseError,
                              RequestError, ServerError)
@@ -45,7 +46,7 @@ from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.net import free_loopback_port
 from bostudio.runtime.process import CrashHistory, ServerProcess, tail
 from bostudio.runtime.verify import verify_speculation
-from bostudio.speculation import Speculator, parse_spec
+from bostudio.speculation import Speculator, draft_length, draft_length_ceiling, parse_spec, with_draft_length
 
 log = logging.getLogger("bostudio.daemon")
 
@@ -93,6 +94,11 @@ class ModelConfig:
     # Under auto, speculation that fell below break-even on a workload stays off until the workload changes.
     auto_off: str | None = None  # that workload
     auto_off_reason: str = ""
+    # Under auto, the draft length the acceptance check settled on (None: the plan's), and the length that
+    # last fell below break-even (lengthening stays below half of it). Cleared when the workload changes.
+    draft_len: int | None = None
+    draft_len_failed: int | None = None
+    draft_len_reason: str = ""
 
     def resolved_workload(self) -> str:
         return self.workload or default_workload(self.name)
@@ -105,20 +111,29 @@ class ModelConfig:
 def child_inputs(info: ModelInfo, engine: Engine, spec_mode: str, ctx: int | None, cache_type: str = "f16", *,
                  pull: str = "never", workload: str | None = None, fallback: str | None = None,
                  prompt_reuse: bool = False, caps: ModelCaps | None = None, pool: Pool = Pool(),
-                 devices: tuple[Device, ...] | None = None) -> LaunchInputs:
+                 devices: tuple[Device, ...] | None = None, children: int = 1,
+                 draft_len: tuple[int, str] | None = None) -> LaunchInputs:
     """The launch decision's inputs for a daemon child, gathered as for `bostudio up` (a tuned profile
     for `workload`, else the pairing table, auto-detection and compatibility check, a hub drafter
     fetched as `pull` allows). `fallback` (why auto gave up on the speculator) runs the profile's
     next-best kind, else none. With prompt reuse the plan has a host prompt cache and full SWA caches;
     embedding and rerank models (`caps`) get their flags and no speculator. RPC workers in `pool` add
     their devices; `devices` replaces this machine's (Supervisor.planning_devices). `ctx` None: the largest
-    context that fits, up to the training context."""
+    context that fits, up to the training context. `children`: the llama-servers sharing the host's cores
+    with this one (its CPU threads are planned for that). `draft_len`: (n, why) the acceptance check settled
+    on under auto (policy.adapt_draft_length); the plan prices and runs that length."""
     generates = caps is None or caps.kind == "chat"
     intent = LaunchIntent(ctx=ctx, cache_type=cache_type, spec=spec_mode, prompt_reuse=prompt_reuse,
-                          kind_args=caps.launch_args() if caps is not None else (), generates=generates)
+                          kind_args=caps.launch_args() if caps is not None else (), generates=generates,
+                          children=children)
     speculator = fallback_speculator(info, engine, workload, fallback) if fallback is not None and generates else None
-    return gather(info, engine, intent, pool=pool, workload=workload, pull=pull, speculator=speculator,
-                  devices=devices, log=lambda msg: log.info("%s: %s", info.path.name, msg))
+    inputs = gather(info, engine, intent, pool=pool, workload=workload, pull=pull, speculator=speculator,
+                    devices=devices, log=lambda msg: log.info("%s: %s", info.path.name, msg))
+    if draft_len is not None and draft_length(inputs.speculator) is not None:
+        n, why = draft_len
+        inputs = replace(inputs, speculator=with_draft_length(inputs.speculator, n,
+                                                              f"draft length {n} at run time: {why}"))
+    return inputs
 
 
 def decide_child(info: ModelInfo, engine: Engine, spec_mode: str, ctx: int | None, cache_type: str = "f16",
@@ -190,6 +205,7 @@ class Instance:
     break_even_source: str = "default"
     spec_base: tuple[int, int, int] = (0, 0, 0)  # (drafted, accepted, requests) at the last launch
     spec_check: dict | None = None  # the last policy.SpecVerdict
+    draft_advice: dict | None = None  # the last policy.DraftAdvice (under auto)
     scraped: tuple[int, int] = (0, 0)  # (requests, tokens) at the last /metrics scrape
     cfg_cooldown: float = 0.0
     failed_at: float | None = None  # wall time the model was marked failed
@@ -229,6 +245,9 @@ class Instance:
             "auto_off": ({"workload": self.cfg.auto_off, "reason": self.cfg.auto_off_reason}
                          if self.cfg.auto_off else None),
             "admission": self.admission.to_json(),  # KV tokens reserved by requests in flight, and those queued
+            "draft_length": ({"n_max": draft_length(self.speculator), "adapted": self.cfg.draft_len is not None,
+                              "reason": self.cfg.draft_len_reason, "advice": self.draft_advice}
+                             if self.speculator is not None and draft_length(self.speculator) is not None else None),
             "rpc": {"workers": self.pool.rpc, "lost": list(self.lost_workers),
                     "problems": list(self.pool.problems)} if self.pool.probes or self.lost_workers else None,
         }
@@ -387,6 +406,7 @@ class Supervisor:
             cfg.port = port
         if workload is not None:
             cfg.workload = workload  # a new workload: auto may speculate again (auto_off names the old one)
+            cfg.draft_len = cfg.draft_len_failed = None
         if cache_type is not None:
             cache_type_of(cache_type)  # an unknown type fails here, with the valid ones named
             cfg.cache_type = cache_type
@@ -676,11 +696,16 @@ class Supervisor:
             log.warning("%s: %s; planning without it", cfg.name, problem)
         try:
             devices = await asyncio.to_thread(self.planning_devices, engine, cfg.name)
+            # CPU threads (planner.threads) are split between this child and those already resident (a child
+            # launched alone gets the whole rule; one launched beside two others, a third of it).
+            others = sum(1 for i in self.instances.values() if i is not inst and i.state in RESIDENT_STATES)
+            draft_len = (cfg.draft_len, cfg.draft_len_reason) if cfg.draft_len is not None and cfg.spec == "auto" \
+                else None
             decision = await asyncio.to_thread(
                 lambda: decide_child(info, engine, cfg.spec, cfg.ctx, cfg.cache_type, pull=self.opts.pull,
                                      workload=workload, fallback=cfg.fallback(workload),
                                      prompt_reuse=self.slot_store is not None, caps=caps, pool=inst.pool,
-                                     devices=devices))
+                                     devices=devices, children=1 + others, draft_len=draft_len))
         except PlanError as exc:
             if inst.lost_workers:  # it fitted with the worker that died: say so; retrying cannot help
                 raise WorkerLostError(f"{cfg.name} does not fit without the lost rpc worker(s) "
@@ -703,6 +728,7 @@ class Supervisor:
                      "cache_type": cfg.cache_type, "layout": decision.layout.to_json(),
                      "kind": caps.kind, "prompt_cache_bytes": planned.chosen.component_bytes(PROMPT_CACHE),
                      "budget_bytes": self.budget(), "why": planned.why,
+                     "threads": planned.threads.to_json() if planned.threads is not None else None,
                      "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes}
                               for u in planned.chosen.uses],
                      "summary": f"{need / policy.MIB:.0f} MiB for {cfg.name} at ctx {decision.ctx} with "
@@ -733,6 +759,8 @@ class Supervisor:
             inst.spec_status = None
         inst.spec_base = (inst.stats.draft_tokens, inst.stats.draft_accepted, inst.stats.requests)
         inst.spec_check = None
+        inst.draft_advice = None
+        inst.stats.mean_accepted_length = None  # the new child's /metrics start from zero
         await self._restore_prompts(inst)
         inst.ready_since = time.monotonic()
         inst.last_used = time.monotonic()
@@ -848,6 +876,39 @@ class Supervisor:
                 if inst.state == READY:
                     await self._check_speculation(inst)
 
+    async def _adapt_draft_length(self, inst: Instance, verdict: policy.SpecVerdict) -> bool:
+        """Under auto: move the draft length with the acceptance (policy.adapt_draft_length). The pinned
+        llama-server honours no per-request draft setting (README, "What llama-server honours per request"),
+        so a new length is a relaunch, at the next idle moment (no request is cut; prompt reuse keeps the
+        slots); until then ps and the events say what is coming. True when the length is being handled."""
+        assert inst.speculator is not None
+        n = draft_length(inst.speculator)
+        if n is None:
+            return False
+        st = inst.stats
+        per_draft = st.mean_accepted_length - 1.0 if st.mean_accepted_length is not None else None
+        advice = policy.adapt_draft_length(n, verdict, per_draft, draft_length_ceiling(inst.speculator),
+                                           inst.cfg.draft_len_failed)
+        before = inst.draft_advice
+        inst.draft_advice = advice.to_json()
+        if advice.action not in (policy.SHORTER, policy.LONGER):
+            return False
+        if before != inst.draft_advice:
+            log.warning("%s: %s", inst.name, advice.detail)
+            self.bus.publish("speculation", model=inst.name, flagged=verdict.state == "below", check=inst.spec_check,
+                             draft_length=advice.n_max, was=n,
+                             message=f"{inst.name}: {advice.detail}; relaunching with drafts of {advice.n_max} tokens "
+                                     "when idle (--spec auto)")
+        if inst.active > 0:
+            return True  # done at the next idle moment
+        if advice.action == policy.SHORTER:
+            inst.cfg.draft_len_failed = n
+        inst.cfg.draft_len, inst.cfg.draft_len_reason = advice.n_max, advice.detail
+        self.bus.publish("speculation", model=inst.name, relaunch=True, draft_length=advice.n_max, was=n,
+                         message=f"{inst.name}: relaunching with drafts of {advice.n_max} tokens (was {n})")
+        await self.restart(inst.name)
+        return True
+
     async def _check_speculation(self, inst: Instance) -> None:
         """Acceptance since launch against the break-even: flag it (ps, events); under auto, relaunch with
         the next-best profile entry or without speculation at the next idle moment."""
@@ -858,6 +919,8 @@ class Supervisor:
         was = inst.spec_check["state"] if inst.spec_check else None
         inst.spec_check = dict(verdict.to_json(), break_even_source=inst.break_even_source)
         speculating = inst.speculator is not None and inst.speculator.kind != "none"
+        if speculating and inst.cfg.spec == "auto" and await self._adapt_draft_length(inst, verdict):
+            return
         action = policy.fallback_action(verdict, inst.cfg.spec, speculating, busy=inst.active > 0)
         if action == policy.NONE:
             return

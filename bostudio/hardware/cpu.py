@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from types import ModuleType
 
@@ -22,7 +23,24 @@ def probe_cpu(ps: ModuleType | None = None, cpu_name: str | None = None) -> Prob
     name = cpu_name or _cpu_model() or platform.processor() or platform.machine() or "CPU"
     return ProbeResult((Device(vendor="cpu", backend="cpu", name=name, index=0,
                                total_bytes=int(vm.total), free_bytes=int(vm.available),
-                               unified=False, source="psutil"),))
+                               unified=False, source="psutil", cores=usable_cores(ps)),))
+
+
+def usable_cores(ps: ModuleType) -> int | None:
+    """Physical cores this process may run on: psutil's physical count, capped by the CPU affinity
+    (taskset, cgroup cpusets) when it allows fewer logical CPUs; None when nothing can tell."""
+    try:
+        physical = ps.cpu_count(logical=False) or ps.cpu_count()
+    except Exception:
+        physical = None
+    allowed = None
+    if hasattr(os, "sched_getaffinity"):
+        try:
+            allowed = len(os.sched_getaffinity(0))
+        except OSError:
+            allowed = None
+    found = [n for n in (physical, allowed) if n]
+    return min(found) if found else None
 
 
 def _cpu_model() -> str | None:

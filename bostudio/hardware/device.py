@@ -42,6 +42,7 @@ class Device:
     endpoint: str | None = None  # an RPC worker's HOST:PORT (backend "rpc"): a device on another machine
     budget_bytes: int | None = None  # a cap the planner keeps to (an RPC worker's budget_mib)
     link_mbit: int | None = None  # an RPC worker's network link (None: the estimate's 1 Gbit/s default)
+    cores: int | None = None  # the host's CPU cores this process may use (physical; None: unknown)
 
     @property
     def remote(self) -> bool:
@@ -149,6 +150,10 @@ def device_from_json(data: dict[str, Any], where: str = "devices file") -> Devic
         raise ConfigError(f"{where}: unknown vendor {values['vendor']!r}", f"one of {', '.join(VENDORS)}")
     if values["backend"] not in BACKENDS:
         raise ConfigError(f"{where}: unknown backend {values['backend']!r}", f"one of {', '.join(BACKENDS)}")
+    cores = values.get("cores")
+    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores <= 0):
+        raise ConfigError(f"{where}: cores of {values['name']!r} must be a positive whole number",
+                          "e.g. \"cores\": 16 (the physical cores of the host)")
     link = values.get("link_mbit")
     if link is not None and (isinstance(link, bool) or not isinstance(link, int) or link <= 0):
         raise ConfigError(f"{where}: link_mbit of {values['name']!r} must be a positive whole number of Mbit/s",

@@ -56,6 +56,7 @@ class LaunchIntent:
     kind_args: tuple[str, ...] = ()
     generates: bool = True
     verbosity: int | None = None  # -lv (None: 4 with RPC workers, to log each device's buffers)
+    children: int = 1  # llama-servers sharing the host's cores with this one (planner.threads splits them)
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ class LaunchInputs:
         reuse = i.prompt_reuse and i.generates
         return Intent(ctx=i.ctx, min_ctx=i.min_ctx, speculation=mode, cache_type_k=i.cache_type,
                       cache_type_v=i.cache_type, draft_cache_type_k=dk, draft_cache_type_v=dv,
-                      n_parallel=i.n_parallel, reserve=i.reserve, prompt_cache=reuse, swa_full=reuse)
+                      n_parallel=i.n_parallel, reserve=i.reserve, prompt_cache=reuse, swa_full=reuse,
+                      children=i.children)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from bostudio.planner.memory import (GIB, MIB, ContextSettings, attention_layers
                                      cpu_repack_bytes, host_weight_bytes, kv_cache_bytes, max_gpu_layers,
                                      output_buffer_bytes, output_growth_bytes, platform_overhead,
                                      recurrent_layer_count, recurrent_state_bytes, weight_split)
+from bostudio.planner.threads import ThreadPlan, plan_threads
 from bostudio.speculation import NGRAM, Speculator
 
 if TYPE_CHECKING:
@@ -98,6 +99,9 @@ class Intent:
     # pool, and full-size sliding-window caches (--swa-full) so a saved slot can be reused.
     prompt_cache: bool = False
     swa_full: bool = False
+    # llama-servers that may compute on the host's cores at once (the daemon's children): the planned
+    # CPU threads (planner.threads) are split between them.
+    children: int = 1
 
     def __post_init__(self) -> None:
         if self.speculation not in ("auto", "on", "off"):
@@ -157,7 +161,7 @@ class Plan:
     """The planner's answer: both options, the choice and why, and what the speculator costs.
 
     `chosen.speculator` is what to launch (in auto mode it may be the fallback, not the one asked
-    for); `llama_args()` are the memory flags that go with it."""
+    for); `llama_args()` are the memory and CPU thread flags that go with it."""
 
     model: "ModelInfo"
     devices: tuple[Device, ...]
@@ -176,9 +180,21 @@ class Plan:
         return (f"the {spec_label(self.with_spec.speculator)} costs {self.spec_cost_bytes / GIB:.2f} GiB "
                 f"= {self.spec_cost_tokens} tokens of context")
 
+    @property
+    def threads(self) -> ThreadPlan | None:
+        """-t/-tb for the chosen option (planner.threads): from the host's cores, the children that
+        share them, and whether any layer (or the draft) computes on the CPU. None: cores unknown."""
+        host = next((d for d in self.devices if not d.is_gpu), None)
+        o = self.chosen
+        gpus = [d for d in self.devices if d.is_gpu]
+        on_host = (not gpus or o.output_on_host
+                   or o.n_gpu_layers < max_gpu_layers(self.model, include_nextn=o.speculator.kind == "mtp")
+                   or (_plan_kind(o.speculator) == "draft" and (o.n_gpu_layers_draft == 0 or o.draft_device == "none")))
+        return plan_threads(host.cores if host is not None else None, self.intent.children, on_host)
+
     def llama_args(self) -> list[str]:
-        """The memory flags of the chosen option for llama-server: context, offload, slots, cache
-        types (the draft's too). The speculator's own flags (--spec-type, -md, --spec-draft-n-max)
+        """The memory and CPU flags of the chosen option for llama-server: context, offload, slots, cache
+        types (the draft's too), decode and batch threads (`threads`). The speculator's own flags (--spec-type, -md, --spec-draft-n-max)
         come from `chosen.speculator` through bostudio.engine.argv. `-fit off`: this plan is the
         fit, llama.cpp must not shrink it again. `-np N -kvu`: an explicit -np alone would turn the
         unified KV pool the plan assumes (llama-server's -np auto) off."""
@@ -198,6 +214,8 @@ class Plan:
                 args += ["-devd", o.draft_device]
         if _plan_kind(o.speculator) in ("draft", "mtp"):
             args += ["-ctkd", i.draft_cache_type_k, "-ctvd", i.draft_cache_type_v]
+        threads = self.threads
+        args += threads.args() if threads is not None else []
         return args + self.prompt_cache_args()
 
     def prompt_cache_args(self) -> list[str]:
@@ -745,14 +763,17 @@ def plan(model: "ModelInfo", devices: Iterable[Device], intent: Intent = Intent(
 def plan_for_launch(model: "ModelInfo", devices: Iterable[Device], *, ctx: int | None = None,
                     speculator: Speculator = NO_SPEC, draft: "ModelInfo | None" = None,
                     speculation: str = "auto", cache_type: str = "f16", draft_cache_type: str = "f16",
-                    n_parallel: int = 4, reserve: int = 1 * GIB, prompt_cache: bool = False) -> Plan:
+                    n_parallel: int = 4, reserve: int = 1 * GIB, prompt_cache: bool = False,
+                    children: int = 1) -> Plan:
     """The launcher's entry point: plan one model (+ speculator) for these devices. Launch
     `plan.chosen.speculator` with `plan.llama_args()` appended to the argv (LaunchSpec.extra_args,
     ctx = plan.chosen.n_ctx). `prompt_cache`: plan prompt reuse (a sized --cache-ram, --swa-full).
+    `children`: llama-servers sharing the host's cores (the CPU threads are split between them).
     Raises PlanError when nothing fits."""
     intent = Intent(ctx=ctx, speculation=speculation, cache_type_k=cache_type, cache_type_v=cache_type,
                     draft_cache_type_k=draft_cache_type, draft_cache_type_v=draft_cache_type,
-                    n_parallel=n_parallel, reserve=reserve, prompt_cache=prompt_cache, swa_full=prompt_cache)
+                    n_parallel=n_parallel, reserve=reserve, prompt_cache=prompt_cache, swa_full=prompt_cache,
+                    children=children)
     p = plan(model, devices, intent, speculator, draft)
     if not p.chosen.fits:
         raise PlanError(f"{model.path.name} does not fit on these devices: {p.chosen.reason}",

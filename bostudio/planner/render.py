@@ -90,7 +90,10 @@ def render_plan(p: Plan) -> str:
     lines.append(f"choice: {spec_label(p.chosen.speculator)} at {p.chosen.n_ctx} tokens, -ngl {p.chosen.n_gpu_layers}")
     lines.append(f"why: {p.why}")
     lines += placement_lines(p)
-    lines.append("memory flags: " + " ".join(p.llama_args()))
+    t = p.threads
+    if t is not None:
+        lines.append(f"threads: -t {t.threads} -tb {t.threads_batch}: {t.why}")
+    lines.append("memory and thread flags: " + " ".join(p.llama_args()))
     return "\n".join(lines)
 
 
@@ -113,6 +116,7 @@ def plan_json(p: Plan) -> dict[str, Any]:
             "chosen": p.chosen.speculator.kind, "why": p.why,
             "spec_cost_bytes": p.spec_cost_bytes, "spec_cost_tokens": p.spec_cost_tokens,
             "llama_args": p.llama_args(), "placement": placement_lines(p),
+            "threads": p.threads.to_json() if p.threads is not None else None,
             "network": _network_json(p)}
 
 

@@ -61,6 +61,17 @@ def speculation_banner(inst: dict) -> str | None:
     if isinstance(alen, (int, float)) and alen < BREAK_EVEN_ACCEPT_LEN:
         return (f"speculation below break-even: {alen:.2f} tokens per target forward "
                 f"(needs {BREAK_EVEN_ACCEPT_LEN}); x switches it off")
+    return draft_length_line(inst)
+
+
+def draft_length_line(inst: dict) -> str | None:
+    """The draft length auto moved at run time, or is about to move at the next idle moment (None: neither)."""
+    dl = inst.get("draft_length") or {}
+    advice = dl.get("advice") or {}
+    if advice.get("action") in ("shorter", "longer"):
+        return f"drafts of {dl.get('n_max')} tokens, {advice['n_max']} at the next idle moment: {advice.get('detail', '')}"
+    if dl.get("adapted"):
+        return f"drafts of {dl.get('n_max')} tokens (auto, at run time): {dl.get('reason', '')}"
     return None
 
 

@@ -1,0 +1,144 @@
+"""`tune --workload agent|DIR`: autotune on whole agent sessions, so that auto's profile reflects agent traffic.
+
+The sweep is tune's (candidates, successive halving, the off-or-not rule, the profile), with one session pass
+as the unit instead of one prompt: each candidate replays the session turn by turn beside the baseline (off),
+the two alternating who goes first each turn, both servers' slots erased before the pass. A pass's figure is
+the session's output tokens over its wall time (prefill, first tokens and decode together), so the paired
+ratio candidate/off is the ratio of the session wall times.
+
+The budget is a bound: before each pass, its cost is estimated from the passes measured so far (the most
+expensive one: a session costs about the same on every configuration, and prefill dominates it), and a pass
+that would not end within the budget is not started. Only the very first pass has nothing to be estimated
+from; it always runs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from bostudio.bench.measure import OFF, Sample
+from bostudio.profiles import ModelIdentity, Profile, engine_identity, save_profile
+from bostudio.bench.tune import (RANKED, TUNE_VARIANT, Tally, TuneResult, best_by_kind, break_even_acceptance,
+                                 candidates, choose_config, halve, ranking)
+from bostudio.speculation import Speculator
+
+
+def pass_fits(elapsed_s: float, budget_s: float, pass_costs: Sequence[float]) -> bool:
+    """Whether one more session pass ends within the budget, estimated from the passes measured so far (the
+    most expensive one); the first pass (nothing measured) always runs."""
+    if not pass_costs:
+        return True
+    return elapsed_s + max(pass_costs) <= budget_s
+
+
+def passes_this_round(round_no: int, elapsed_s: float, budget_s: float, survivors: int,
+                      pass_costs: Sequence[float]) -> int:
+    """Session passes per survivor in round `round_no` (1, 2, 4 ...: successive halving), fewer when the whole
+    round would not end within the budget at the measured cost per pass; 0 when not even one pass each fits."""
+    want = 2 ** (round_no - 1)
+    if not pass_costs:
+        return want
+    per = max(pass_costs) * max(1, survivors)
+    return max(0, min(want, int((budget_s - elapsed_s) // per))) if per > 0 else want
+
+
+def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, tokens: int | None,  # type: ignore[no-untyped-def]
+                      draft: Path | None, progress: Callable[[str], None], prefix_tokens: int,
+                      session_turns: int) -> TuneResult:
+    """Successive halving over session passes within `budget_s` (see the module docstring); saves and
+    returns the profile of `workload` (`agent`, or the recording directory's name)."""
+    from bostudio.bench import agent
+    from bostudio.bench.runner import Bench, BenchConfig
+    from bostudio.bench.sessions import resolve_session
+    from bostudio.gguf import describe
+
+    info = describe(model_path)
+    started = time.monotonic()
+    n_tokens = tokens or 128
+    first = resolve_session(workload, prefix_tokens, session_turns, TUNE_VARIANT)
+    ctx = agent.session_ctx([first], n_tokens, info.n_ctx_train, progress)
+    pool = [Tally(c) for c in candidates(engine.spec_types, info.has_mtp, draft)]
+    costs: list[float] = []
+    base_decode: list[float] = []
+    cand_decode: dict[str, list[float]] = {}
+    served = 0
+    rounds = 0
+    off = BenchConfig(OFF, Speculator("none", reason="baseline"))
+    name = Path(workload).name if workload != "agent" else workload
+    with tempfile.TemporaryDirectory(prefix="bostudio-tune-slots-") as slots:
+        args = ("-cram", "0", "--slot-save-path", slots)
+        with Bench(info, engine, [off], ctx, progress, args) as base:
+            alive = pool
+            while alive:
+                n = passes_this_round(rounds + 1, time.monotonic() - started, budget_s, len(alive), costs)
+                if n == 0:
+                    progress(f"budget: {time.monotonic() - started:.0f} of {budget_s:.0f} s spent; round "
+                             f"{rounds + 1} ({len(alive)} candidate(s)) does not fit, the sweep stops at round {rounds}")
+                    break
+                rounds += 1
+                progress(f"round {rounds}: {len(alive)} candidate(s) x {n} session pass(es)")
+                sessions = [resolve_session(workload, prefix_tokens, session_turns, TUNE_VARIANT + served + i)
+                            for i in range(n)]
+                served += n
+                measured = []
+                for t in alive:
+                    if not pass_fits(time.monotonic() - started, budget_s, [c * n for c in costs]):
+                        progress(f"budget: {time.monotonic() - started:.0f} of {budget_s:.0f} s spent in round "
+                                 f"{rounds}; {len(alive) - len(measured)} candidate(s) left unmeasured")
+                        break
+                    t0 = time.monotonic()
+                    with Bench(info, engine, [BenchConfig(t.candidate.label, t.candidate.speculator)], ctx,
+                               progress, args) as cand:
+                        pair = _Pair(base.servers + cand.servers)
+                        for s in sessions:
+                            turns = agent.run_sessions(pair, [s], n_tokens, None, lambda *_: None)  # type: ignore[arg-type]
+                            totals = {c: agent.session_totals([x for x in turns if x.config == c])
+                                      for c in (OFF, t.candidate.label)}
+                            pid = len(t.samples)
+                            t.baseline.append(_sample(name, OFF, pid, totals[OFF]))
+                            t.samples.append(_sample(name, t.candidate.label, pid, totals[t.candidate.label]))
+                            base_decode.append(totals[OFF]["decode_tok_s"] or 0.0)
+                            cand_decode.setdefault(t.candidate.label, []).append(
+                                totals[t.candidate.label]["decode_tok_s"] or 0.0)
+                    costs.append((time.monotonic() - t0) / n)
+                    measured.append(t)
+                    progress(f"  {t.candidate.label}: session {t.speedup:.2f}x of off "
+                             f"({time.monotonic() - started:.0f}/{budget_s:.0f} s)")
+                if len(measured) <= 1:
+                    break
+                alive = halve(measured)
+    choice = choose_config(pool)
+    chosen = choice.chosen.measured() if choice.chosen else None
+    base_tok = statistics.median(s.tok_s for t in pool for s in t.baseline) if any(t.baseline for t in pool) else 0.0
+    be = None
+    if chosen is not None and base_decode and cand_decode.get(chosen.label):
+        # break-even from decode speeds: acceptance only changes decode, not prefill
+        be = break_even_acceptance(statistics.median(base_decode),
+                                   replace(chosen, tok_s=statistics.median(cand_decode[chosen.label])))
+    ident = ModelIdentity.of(model_path)
+    profile = Profile(ident.name, ident.size, ident.mtime, engine_identity(engine), name, chosen, base_tok,
+                      choice.noise, choice.why, be, best_by_kind(pool), time.time(),
+                      ranking=[t.measured() for t in ranking(pool)[:RANKED]])
+    path = save_profile(profile)
+    baseline = tuple(s.tok_s for t in pool for s in t.baseline)
+    return TuneResult(profile, path, tuple(pool), baseline, rounds, time.monotonic() - started)
+
+
+class _Pair:
+    """The baseline's server and a candidate's, as agent.run_sessions takes a bench's servers."""
+
+    def __init__(self, servers: list) -> None:  # type: ignore[type-arg]
+        self.servers = servers
+
+
+def _sample(workload: str, config: str, pid: int, totals: dict) -> Sample:
+    """A session pass as one sample: its output tokens over its wall time (the paired ratio of two such
+    samples is the ratio of the session wall times)."""
+    tok_s = totals["predicted_n"] / totals["wall_s"] if totals["wall_s"] > 0 else 0.0
+    return Sample(workload, None, config, pid, tok_s, None, totals["predicted_n"], totals["drafted"],
+                  totals["accepted"])

@@ -1,0 +1,84 @@
+"""CPU threads for one llama-server child on a machine that is not idle: decode threads (-t) and batch
+threads (-tb), from the host's cores, how many children share them and where the layers run. Pure.
+
+Why a rule is needed at all: ggml's worker threads meet at a barrier after every op. In decode an op
+lasts microseconds, so when one worker is descheduled (the agent's own tests or build, another
+llama-server, the kernel's autogroup handing another session half the CPU) every step waits a whole
+scheduler slice for it. Measured on the 2-core machine this project is built on (embedded Gemma 3 270M,
+128 tokens, decode tok/s, alone / beside one busy process in another session):
+
+    -t 2 (all cores, llama.cpp's default)   56.8 / 0.5-0.9
+    -t 2 --poll 0                           55.9 / 0.5
+    -t 1 -tb 2                              28.1 / 29.3
+
+and two llama-servers decoding at once at -t 2 ran at 1.7 and 3.3 tok/s. Giving up one core of decode
+on an idle machine (half the speed on 2 cores, far less on 16, where decode is bound by memory
+bandwidth well before the last core) buys a decode that does not collapse when the machine is busy.
+
+The rule (holds from 1 core to many):
+- headroom: one core in four, at least one (none on a 1-core machine), is left to the agent's work;
+- decode threads: the other cores, split between the children that may decode at once, at least 1;
+- batch threads (prompt processing): every core the children share, split the same way but without
+  the headroom. A prompt's ops are large matrix products, so a worker waiting at the barrier for a
+  descheduled one loses a slice per op of milliseconds, not per op of microseconds: the loss is
+  bounded, and on an idle machine prefill keeps every core. (`bostudio bench --load N --threads
+  planned,all` measures both halves of this claim.)
+- every layer offloaded to a GPU: the CPU only feeds the device (sampling, the graph's host part), so a
+  few threads do (GPU_FEED_THREADS) and the cores stay free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GPU_FEED_THREADS = 2  # every layer on a GPU: host threads only feed the device
+HEADROOM_SHARE = 4  # one core in HEADROOM_SHARE is left for the agent's own work (at least one)
+
+
+def headroom_cores(cores: int) -> int:
+    """Cores left to the agent's own work: one in four, at least one, none on a 1-core machine."""
+    return 0 if cores <= 1 else max(1, cores // HEADROOM_SHARE)
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """-t and -tb for one child, and why."""
+
+    threads: int  # -t: decode (and the draft's, llama.cpp's -td default)
+    threads_batch: int  # -tb: prompt processing
+    cores: int
+    children: int
+    why: str
+
+    def args(self) -> list[str]:
+        return ["-t", str(self.threads), "-tb", str(self.threads_batch)]
+
+    def to_json(self) -> dict:
+        return {"threads": self.threads, "threads_batch": self.threads_batch, "cores": self.cores,
+                "children": self.children, "headroom": headroom_cores(self.cores), "why": self.why}
+
+
+def plan_threads(cores: int | None, children: int = 1, cpu_compute: bool = True) -> ThreadPlan | None:
+    """The threads of one child on a host with `cores` cores (None: unknown, then no flags and
+    llama.cpp's own default), `children` llama-servers sharing them, `cpu_compute` False when every
+    layer (and any draft) runs on a GPU."""
+    if cores is None or cores < 1:
+        return None
+    children = max(1, children)
+    shared = f" shared by {children} children" if children > 1 else ""
+    if not cpu_compute:
+        t = max(1, min(GPU_FEED_THREADS, cores // children))
+        return ThreadPlan(t, t, cores, children,
+                          f"every layer runs on the GPU: {t} host thread(s) feed it, the other cores stay free")
+    room = headroom_cores(cores)
+    t = max(1, (cores - room) // children)
+    tb = max(t, cores // children)
+    why = (f"{cores} core(s){shared}: decode on {t} thread(s), leaving {room} core(s) for the agent's own "
+           f"work (a decode thread that waits for a busy core stalls every step); prompt processing on {tb} "
+           f"(its large ops lose little when a core is busy)")
+    if room == 0 and children == 1:
+        why = "1 core: decode and prompt processing on it"
+    return ThreadPlan(t, tb, cores, children, why)
+
+
+__all__ = ["ThreadPlan", "plan_threads", "headroom_cores", "GPU_FEED_THREADS", "HEADROOM_SHARE"]

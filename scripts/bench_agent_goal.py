@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Benchmark: issue 22's goals, end to end, in one command. Run it on a QUIET machine.
+
+1. Agent sessions: `bostudio tune --workload agent` (whole sessions, within --budget-s), then one
+   `bostudio bench --workload agent[,DIR]` with off, auto@agent (as `up --workload agent` runs it) and the
+   three best of its sweep, interleaved turn by turn. Goal: auto's session wall time is at most the best
+   static configuration's / 0.97, and never above off's.
+2. CPU threads on a busy machine: `bostudio bench --workload agent --spec off --threads planned,all --load N`:
+   every turn alone and beside N busy processes. Goal: the planned threads decode at least 0.5x their idle
+   speed beside the load (all cores, llama.cpp's default, is measured beside it for comparison).
+
+    .venv/bin/python scripts/bench_agent_goal.py [MODEL] [--out DIR] [--recorded DIR] [--budget-s 900]
+                                                 [--tokens 128] [--turns 12] [--prefix-tokens 18000] [--load 1]
+                                                 [--runs 3] [--skip-tune] [--quick]
+
+--quick: tiny settings (a 1k-token prefix, 3 turns, 16 tokens, a 60 s tune) to check the script end to end;
+its figures mean nothing. Profiles go to OUT/state (not your own). Prints markdown tables and the verdicts;
+the JSON and PNG files of every step are left in OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def bostudio(args: list[str], out: Path, env: dict[str, str]) -> dict | list:
+    """One bostudio command with --json; progress to OUT.err, JSON to OUT.json."""
+    with open(out.with_suffix(".err"), "w") as err:
+        proc = subprocess.run([sys.executable, "-m", "bostudio", *args, "--json"], stdout=subprocess.PIPE,
+                              stderr=err, text=True, env=env)
+    if proc.returncode != 0:
+        sys.exit(f"bostudio {args[0]} failed (exit {proc.returncode}); see {out.with_suffix('.err')}")
+    out.with_suffix(".json").write_text(proc.stdout)
+    return json.loads(proc.stdout)
+
+
+def session_table(doc: dict) -> str:
+    lines = ["| session | phase | configuration | wall s | vs off | first-token s | prefilled | cached | decode tok/s "
+             "| acceptance |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in doc["sessions"]:
+        t = s["totals"]
+        vs = doc["projection"][s["session"]][s["phase"]][s["config"]]["vs_off"]
+        acc = "-" if t["acceptance"] is None else f"{100 * t['acceptance']:.0f}%"
+        tok = "-" if t["decode_tok_s"] is None else f"{t['decode_tok_s']:.1f}"
+        lines.append(f"| {s['session']} | {s['phase']} | {s['config']} | {t['wall_s']:.1f} | "
+                     f"{'-' if vs is None else f'{vs:.2f}x'} | {t['ttft_s']:.1f} | {t['prompt_n']} | {t['cache_n']} | "
+                     f"{tok} | {acc} |")
+    return "\n".join(lines)
+
+
+def auto_verdict(doc: dict) -> list[str]:
+    """Per session and over all of them (their wall times added): auto against the best static configuration
+    of the run and against off."""
+    out = []
+    for session, phases in doc["projection"].items():
+        rows = {c: p["wall_s"] for c, p in phases.get("alone", {}).items()}
+        auto = next((c for c in rows if c.startswith("auto@")), None)
+        static = {c: w for c, w in rows.items() if not c.startswith("auto@")}
+        if auto is None or not static or "off" not in rows:
+            continue
+        best = min(static, key=static.get)  # type: ignore[arg-type]
+        ok_best = rows[auto] <= static[best] / 0.97
+        ok_off = rows[auto] <= rows["off"]
+        out.append(f"- {'ALL SESSIONS' if session == 'all' else session}: auto {rows[auto]:.1f} s, best static "
+                   f"{best} {static[best]:.1f} s (auto at {static[best] / rows[auto]:.2f}x of it: "
+                   f"{'PASS' if ok_best else 'FAIL'} >= 0.97), off {rows['off']:.1f} s "
+                   f"({'PASS' if ok_off else 'FAIL'}: never worse than off)")
+    return out
+
+
+def threads_verdict(doc: dict) -> list[str]:
+    """Decode tok/s over every session (tokens over decode time), alone and beside the load, per setting."""
+    out = []
+    agg: dict[tuple[str, str], list[float]] = {}
+    for s in doc["sessions"]:
+        a = agg.setdefault((s["config"], "alone" if s["phase"] == "alone" else "load"), [0.0, 0.0])
+        a[0] += s["totals"]["predicted_n"]
+        a[1] += s["totals"]["decode_s"]
+    for cfg in dict.fromkeys(s["config"] for s in doc["sessions"]):
+        alone, busy = agg.get((cfg, "alone")), agg.get((cfg, "load"))
+        if alone and busy and alone[1] > 0 and busy[1] > 0:
+            ta, tb = alone[0] / alone[1], busy[0] / busy[1]
+            goal = (" (goal >= 0.5x: " + ("PASS" if tb / ta >= 0.5 else "FAIL") + ")") if cfg == "off" else ""
+            out.append(f"- {cfg}: {ta:.1f} tok/s alone, {tb:.1f} beside the load = {tb / ta:.2f}x{goal}")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", nargs="?", default=None)
+    ap.add_argument("--out", default="bench-agent-out")
+    ap.add_argument("--recorded", default=None, metavar="DIR", help="a session recorded with `daemon --record DIR`")
+    ap.add_argument("--budget-s", type=float, default=900)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--turns", type=int, default=12)
+    ap.add_argument("--prefix-tokens", type=int, default=18000)
+    ap.add_argument("--load", type=int, default=1)
+    ap.add_argument("--runs", type=int, default=3, help="passes of each session per bench (default 3)")
+    ap.add_argument("--skip-tune", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="tiny settings, to check the script works")
+    a = ap.parse_args()
+    if a.quick:
+        a.budget_s, a.tokens, a.turns, a.prefix_tokens, a.runs = 60, 16, 3, 1000, 1
+    out = Path(a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, XDG_STATE_HOME=str(out / "state"))
+    env.pop("LLAMA_ARG_THREADS", None)  # the plan's threads, not a test setting
+    model = [a.model] if a.model else []
+    size = ["--prefix-tokens", str(a.prefix_tokens), "--session-turns", str(a.turns), "--tokens", str(a.tokens)]
+    runs = ["--runs", str(a.runs)]
+    workloads = "agent" + (f",{a.recorded}" if a.recorded else "")
+    report = [f"# bostudio agent sessions ({'quick check: figures mean nothing' if a.quick else 'measured'})\n"]
+
+    if not a.skip_tune:
+        res = bostudio(["tune", *model, "--workload", "agent", "--budget-s", str(a.budget_s), *size], out / "tune", env)
+        p = res[0]["profile"]
+        report += [f"## tune agent: {res[0]['rounds']} round(s) in {res[0]['elapsed_s']:.0f} s "
+                   f"(budget {a.budget_s:.0f} s)\n", p["why"], ""]
+    spec = "auto@agent,sweep@agent:3" if not a.skip_tune else "auto@agent,ngram-mod,ngram-simple"
+    doc = bostudio(["bench", *model, "--workload", workloads, "--spec", spec, "--plot", str(out / "sessions.png"),
+                    *size, *runs], out / "sessions", env)
+    report += [f"## sessions: {doc['engine']}, {doc['tokens_per_turn']} tokens a turn, ctx {doc['ctx']}\n",
+               session_table(doc), "", *auto_verdict(doc), ""]
+
+    doc = bostudio(["bench", *model, "--workload", "agent", "--spec", "off", "--threads", "planned,all",
+                    "--load", str(a.load), "--plot", str(out / "threads.png"), *size, *runs], out / "threads", env)
+    t = doc["threads"] or {}
+    report += [f"## threads beside {a.load} busy process(es): planned -t {t.get('threads')} -tb "
+               f"{t.get('threads_batch')} on {t.get('cores')} cores ({t.get('why', '')})\n",
+               session_table(doc), "", *threads_verdict(doc), ""]
+    text = "\n".join(report)
+    (out / "report.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""`bench --workload agent|DIR`, `daemon --record DIR` and the competing load: the session JSON's fields and
+totals, a session recorded through a real daemon with the official clients and replayed in order, the shipped
+session's shape. Verdicts are about consistency and order, never about which configuration is faster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anthropic
+import openai
+import psutil
+import pytest
+
+from bostudio.bench.agent import TurnResult, projection, session_totals, sessions_json
+from bostudio.bench.load import CompetingLoad
+from bostudio.bench.runner import parse_threads, with_threads
+from bostudio.bench.sessions import (AGENT, ROUTES, Request, recorded_session, replay_request, shipped_session)
+from bostudio.daemon.record import Recorder
+from bostudio.errors import ConfigError
+from tests.daemon_util import DaemonProc
+
+BENCH_TIMEOUT_S = 1500
+GEMMA = "gemma-3-270m-q4_k_m"
+TURN_FIELDS = {"session", "phase", "config", "turn", "route", "request", "ttft_s", "wall_s", "prompt_n", "cache_n",
+               "predicted_n", "decode_s", "prefill_s", "drafted", "accepted", "cache_hit", "decode_tok_s"}
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    return dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CONFIG_HOME=str(tmp / "config"))
+
+
+def _bench(gguf: Path, tmp: Path, *args: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "bostudio", "bench", str(gguf), "--json", *args],
+                          capture_output=True, text=True, env=_env(tmp), timeout=BENCH_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def _check_consistent(doc: dict) -> None:
+    """Per-turn fields present; every total is the sum of its turns; the projection matches the totals."""
+    for s in doc["sessions"]:
+        turns, t = s["turns"], s["totals"]
+        assert [x["turn"] for x in turns] == list(range(1, len(turns) + 1))
+        for x in turns:
+            assert set(x) >= TURN_FIELDS
+            assert x["wall_s"] > 0 and x["prompt_n"] + x["cache_n"] > 0 and 0 <= x["accepted"] <= x["drafted"]
+            assert x["cache_hit"] == (x["cache_n"] > 0)
+            assert x["ttft_s"] is None or 0 < x["ttft_s"] <= x["wall_s"]
+        for f in ("prompt_n", "cache_n", "predicted_n", "drafted", "accepted"):
+            assert t[f] == sum(x[f] for x in turns), f
+        for f in ("wall_s", "decode_s", "prefill_s"):
+            assert t[f] == pytest.approx(sum(x[f] for x in turns)), f
+        assert t["turns"] == len(turns) and t["cache_hits"] == sum(x["cache_hit"] for x in turns)
+        assert doc["projection"][s["session"]][s["phase"]][s["config"]]["wall_s"] == pytest.approx(t["wall_s"])
+    for phase, rows in doc["projection"]["all"].items():
+        for config, p in rows.items():
+            assert p["wall_s"] == pytest.approx(sum(s["totals"]["wall_s"] for s in doc["sessions"]
+                                                    if s["phase"] == phase and s["config"] == config))
+
+
+# ------------------------------------------------------------------------------------------------ pure
+
+def _turn(k: int, config: str = "off", **kw: float) -> TurnResult:
+    base = dict(session="s", phase="alone", config=config, turn=k, route="/v1/chat/completions", request=f"t{k}",
+                ttft_s=0.5, wall_s=1.0 + k, prompt_n=100 * k, cache_n=50 * (k - 1), predicted_n=8, decode_s=0.2,
+                prefill_s=0.3, drafted=4 * k, accepted=k)
+    base.update(kw)
+    return TurnResult(**base)  # type: ignore[arg-type]
+
+
+def test_totals_are_the_sums_of_the_turns() -> None:
+    turns = [_turn(1), _turn(2), _turn(3, ttft_s=None)]
+    t = session_totals(turns)
+    assert (t["prompt_n"], t["cache_n"], t["predicted_n"], t["drafted"], t["accepted"]) == (600, 150, 24, 24, 6)
+    assert t["wall_s"] == pytest.approx(9.0) and t["ttft_s"] == pytest.approx(1.0)
+    assert t["cache_hits"] == 2 and t["turns"] == 3
+    assert t["decode_tok_s"] == pytest.approx(24 / 0.6) and t["acceptance"] == pytest.approx(0.25)
+
+
+def test_projection_is_measured_session_wall_time_against_off() -> None:
+    doc = sessions_json([_turn(1), _turn(2), _turn(1, "ngram", wall_s=1.0), _turn(2, "ngram", wall_s=2.0)])
+    p = projection(doc)["s"]["alone"]
+    assert projection(doc)["all"]["alone"] == p  # one session: the whole is that session
+    assert p["off"]["vs_off"] == 1.0 and p["ngram"]["wall_s"] == pytest.approx(3.0)
+    assert p["ngram"]["saved_s"] == pytest.approx(5.0 - 3.0) and p["ngram"]["vs_off"] == pytest.approx(3.0 / 5.0)
+
+
+def test_shipped_session_grows_on_one_prefix_and_is_deterministic() -> None:
+    s = shipped_session(prefix_tokens=2000, turns=10)
+    assert s.name == AGENT and len(s.requests) == 10
+    msgs = [r.body["messages"] for r in s.requests]
+    for a, b in zip(msgs, msgs[1:]):
+        assert b[: len(a)] == a and len(b) == len(a) + 2  # the same prefix, one tool call and its result more
+    tools = [m["tool_calls"][0]["function"]["name"] for m in msgs[-1] if m["role"] == "assistant"]
+    assert {"read_file", "edit_file", "run_tests"} <= set(tools)
+    assert shipped_session(prefix_tokens=2000, turns=10) == s
+    assert shipped_session(prefix_tokens=2000, turns=10, variant=1).requests[0] != s.requests[0]
+    # the default system prompt is of real size (~18k tokens; the bench reports the exact count)
+    big = shipped_session(turns=1).requests[0].body["messages"][0]["content"]
+    assert 50_000 < len(big) < 70_000
+
+
+def test_replay_request_rewrites_for_the_child() -> None:
+    chat = replay_request(Request("/v1/chat/completions", {"model": "m", "messages": [], "max_completion_tokens": 9000,
+                                                          "n": 2}), "alias", 16)
+    assert chat[0] == "/v1/chat/completions"
+    assert chat[1]["model"] == "alias" and chat[1]["max_tokens"] == 16 and chat[1]["stream"] is True
+    assert "max_completion_tokens" not in chat[1] and "n" not in chat[1]
+    route, body = replay_request(Request("/v1/messages", {"model": "claude", "max_tokens": 32000, "system": "x",
+                                                          "messages": []}), "alias", 16)
+    assert route == "/v1/messages" and body["max_tokens"] == 16 and body["system"] == "x"
+    route, body = replay_request(Request("/v1/responses", {"model": "gpt", "input": "hi"}), "alias", 16)
+    assert route == "/v1/responses" and body["max_output_tokens"] == 16
+    route, body = replay_request(Request("/api/chat", {"model": "x", "messages": [{"role": "user", "content": "a"}],
+                                                       "options": {"num_predict": 5}}), "alias", 16)
+    assert route == "/v1/chat/completions" and body["messages"][0]["content"] == "a" and "options" not in body
+
+
+def test_recorder_numbers_in_order_drops_credentials_and_replays_in_order(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path / "rec")
+    for i, route in enumerate(["/v1/messages", "/v1/messages/count_tokens", "/v1/chat/completions"]):
+        path, data = rec.entry(route, {"Authorization": "Bearer s3cret", "x-api-key": "k", "user-agent": "agent/1"},
+                               {"model": "m", "i": i})
+        rec.write(path, data)
+    saved = sorted((tmp_path / "rec").glob("*.json"))
+    assert [p.name for p in saved] == ["000001.json", "000002.json", "000003.json"]
+    for p in saved:
+        text = p.read_text()
+        assert "s3cret" not in text and '"k"' not in text and "agent/1" in text
+    assert Recorder(tmp_path / "rec").seq == 3  # a second daemon appends after what is there
+    s = recorded_session(tmp_path / "rec")
+    assert [r.note for r in s.requests] == ["000001.json", "000003.json"]
+    assert [r.body["i"] for r in s.requests] == [0, 2] and s.skipped == ("000002.json (/v1/messages/count_tokens)",)
+
+
+def test_recorded_session_errors_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not a directory"):
+        recorded_session(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="no recorded requests"):
+        recorded_session(tmp_path / "empty")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "000001.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="unreadable"):
+        recorded_session(bad)
+
+
+def test_threads_settings() -> None:
+    assert parse_threads(None) == ["planned"] and parse_threads("planned,all,1,2/4") == ["planned", "all", "1", "2/4"]
+    for bad in ("none", "0", "1/2/3", "planned,planned"):
+        with pytest.raises(ConfigError):
+            parse_threads(bad)
+    args = ["-ngl", "0", "-t", "1", "-tb", "2", "-fit", "off"]
+    assert with_threads(args, "planned", 8) == args
+    assert with_threads(args, "all", 8) == ["-ngl", "0", "-fit", "off", "-t", "8", "-tb", "8"]
+    assert with_threads(args, "3", 8)[-4:] == ["-t", "3", "-tb", "3"]
+    assert with_threads(args, "3/6", 8)[-4:] == ["-t", "3", "-tb", "6"]
+
+
+def test_competing_load_is_paused_resumed_and_gone_after() -> None:
+    with CompetingLoad(2) as load:
+        procs = [psutil.Process(p) for p in load.pids()]
+        assert len(procs) == 2 and not load.running
+        time.sleep(0.2)
+        assert all(p.status() == psutil.STATUS_STOPPED for p in procs)
+        load.resume()
+        time.sleep(0.2)
+        assert all(p.status() != psutil.STATUS_STOPPED for p in procs)
+    for p in procs:
+        assert not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+    with pytest.raises(ConfigError):
+        CompetingLoad(10_000)
+
+
+# ------------------------------------------------------------------------------------------------ real
+
+def test_agent_bench_json_per_turn_and_totals(gemma_gguf: Path, engine, tmp_path: Path) -> None:
+    """The shipped session (small), off vs ngram-simple, alone and beside one busy process."""
+    doc = _bench(gemma_gguf, tmp_path, "--workload", "agent", "--prefix-tokens", "400", "--session-turns", "2",
+                 "--tokens", "4", "--spec", "ngram-simple", "--runs", "1", "--load", "1")
+    assert doc["workload"] == ["agent"] and doc["tokens_per_turn"] == 4 and doc["load"] == 1
+    keys = {(s["phase"], s["config"]) for s in doc["sessions"]}
+    assert keys == {("alone", "off"), ("alone", "ngram-simple"), ("load 1", "off"), ("load 1", "ngram-simple")}
+    assert all(len(s["turns"]) == 2 for s in doc["sessions"])
+    _check_consistent(doc)
+    for s in doc["sessions"]:
+        first, second = s["turns"]
+        assert first["cache_n"] == 0  # each pass starts cold (slots erased, no host prompt cache)
+        assert second["cache_hit"] and second["cache_n"] >= first["prompt_n"] - 8  # the prefix was reused
+        assert all(x["predicted_n"] == 4 for x in s["turns"])
+    assert doc["threads"] is None or doc["threads"]["threads"] >= 1
+    for cfg in doc["configs"].values():
+        assert "-cram" in cfg["argv"] and ("-t" in cfg["argv"]) == (doc["threads"] is not None)
+
+
+def test_session_recorded_through_the_daemon_replays_in_order(gemma_gguf: Path, engine, tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / gemma_gguf.name).symlink_to(gemma_gguf)
+    rec = tmp_path / "session"
+    d = DaemonProc(tmp_path, models, ["--idle-ttl", "0", "--record", str(rec)]).start()
+    try:
+        oai = openai.OpenAI(base_url=d.url + "/v1", api_key="sk-secret-openai", max_retries=0, timeout=600)
+        claude = anthropic.Anthropic(base_url=d.url, api_key="sk-secret-anthropic", max_retries=0, timeout=600)
+        history = [{"role": "user", "content": "List three prime numbers."}]
+        oai.chat.completions.create(model=GEMMA, messages=history, max_tokens=4)  # type: ignore[arg-type]
+        claude.messages.create(model=GEMMA, max_tokens=4, system="You are terse.",
+                               messages=[{"role": "user", "content": "Name a colour."}])
+        history += [{"role": "assistant", "content": "2, 3, 5"}, {"role": "user", "content": "Three more."}]
+        oai.chat.completions.create(model=GEMMA, messages=history, max_tokens=4)  # type: ignore[arg-type]
+    finally:
+        assert d.stop() == 0
+    files = sorted(rec.glob("*.json"))
+    assert [f.name for f in files] == ["000001.json", "000002.json", "000003.json"]
+    saved = [json.loads(f.read_text()) for f in files]
+    assert [s["route"] for s in saved] == ["/v1/chat/completions", "/v1/messages", "/v1/chat/completions"]
+    assert [s["seq"] for s in saved] == [1, 2, 3] and saved[0]["time"] <= saved[1]["time"] <= saved[2]["time"]
+    assert all("sk-secret" not in f.read_text() for f in files)
+    assert saved[2]["body"]["messages"][-1]["content"] == "Three more."
+
+    doc = _bench(gemma_gguf, tmp_path, "--workload", str(rec), "--tokens", "4", "--spec", "ngram-simple",
+                 "--runs", "1")
+    assert {s["config"] for s in doc["sessions"]} == {"off", "ngram-simple"}
+    for s in doc["sessions"]:
+        assert [t["request"] for t in s["turns"]] == ["000001.json", "000002.json", "000003.json"]
+        assert [t["route"] for t in s["turns"]] == [x["route"] for x in saved]
+        assert all(t["predicted_n"] > 0 for t in s["turns"])
+    _check_consistent(doc)
+    assert set(ROUTES) >= {x["route"] for x in saved}
+
+
+def test_session_tune_budget_is_estimated_from_measured_passes() -> None:
+    from bostudio.bench.tune_sessions import pass_fits, passes_this_round
+
+    assert pass_fits(0, 10, [])  # nothing measured: the first pass runs
+    assert pass_fits(50, 100, [30, 50]) and not pass_fits(51, 100, [30, 50])  # the most expensive pass counts
+    assert passes_this_round(1, 0, 100, 8, []) == 1
+    assert passes_this_round(3, 0, 1000, 2, [10]) == 4  # 1, 2, 4 ... while the round fits
+    assert passes_this_round(3, 0, 50, 2, [10]) == 2  # 2 survivors x 2 passes x 10 s = 40 s fits in 50
+    assert passes_this_round(2, 95, 100, 2, [10]) == 0  # not even one pass each: the sweep stops
+
+
+def test_tune_on_a_session_stays_within_its_budget(gemma_gguf: Path, engine, tmp_path: Path) -> None:
+    """With a budget the first pass already spends, tune measures one candidate, starts nothing more and
+    still writes a profile for the session."""
+    proc = subprocess.run([sys.executable, "-m", "bostudio", "tune", str(gemma_gguf), "--json", "--workload", "agent",
+                           "--budget-s", "10", "--prefix-tokens", "300", "--session-turns", "2", "--tokens", "4"],
+                          capture_output=True, text=True, env=_env(tmp_path), timeout=BENCH_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (res,) = json.loads(proc.stdout)
+    assert res["rounds"] == 1 and len(res["sweep"]) == 1 and res["sweep"][0]["samples"] == 1
+    assert res["profile"]["workload"] == "agent" and Path(res["path"]).is_file()
+    assert "left unmeasured" in proc.stderr
+
+
+def test_prompt_bench_beside_a_load_with_thread_settings(gemma_gguf: Path, engine, tmp_path: Path) -> None:
+    """`--load 1 --threads planned,all` on a prompt workload: every configuration once per thread setting, every
+    prompt alone and beside the load (workload chat+load1), the thread flags in each configuration's argv."""
+    doc = _bench(gemma_gguf, tmp_path, "--workload", "chat", "--spec", "ngram-simple", "--runs", "1", "--tokens", "4",
+                 "--threads", "planned,all", "--load", "1")
+    rows = {(r["workload"], r["config"]) for r in doc["results"]}
+    configs = {"off", "ngram-simple", "off t=all", "ngram-simple t=all"}
+    assert rows == {(w, c) for w in ("chat", "chat+load1") for c in configs}
+    assert doc["load"] == 1 and set(doc["configs"]) == configs
+    argv = doc["configs"]["off t=all"]["argv"]
+    cores = argv[argv.index("-t") + 1]
+    assert argv[argv.index("-tb") + 1] == cores and int(cores) >= 1
+    if doc["threads"] is not None:  # the planned setting is the plan's
+        planned = doc["configs"]["off"]["argv"]
+        assert planned[planned.index("-t") + 1] == str(doc["threads"]["threads"])

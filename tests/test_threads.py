@@ -1,0 +1,123 @@
+"""The CPU thread rule (planner.threads): a table of cores x children x where the layers run, and the
+flags a plan emits through Plan.llama_args(). Pure: no process is started."""
+
+from __future__ import annotations
+
+import pytest
+
+from bostudio.hardware.device import GIB, Device, device_from_json
+from bostudio.errors import ConfigError
+from bostudio.planner import Intent, plan
+from bostudio.planner.threads import headroom_cores, plan_threads
+from bostudio.gguf import ModelInfo, describe
+from tests.gguf_factory import tiny_llama
+from tests.test_planner import shape
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> ModelInfo:
+    base = describe(tiny_llama(tmp_path_factory.mktemp("m") / "tiny.gguf", n_layer=2))
+    return shape(base, n_layer=8, n_ctx_train=8192)
+
+# cores, children, CPU computes?  ->  -t, -tb
+TABLE = [
+    (1, 1, True, 1, 1),
+    (2, 1, True, 1, 2),    # the measured case: -t 1 -tb 2 held 29 tok/s beside a busy process, -t 2 fell to 0.5
+    (2, 2, True, 1, 1),
+    (2, 3, True, 1, 1),
+    (4, 1, True, 3, 4),
+    (4, 2, True, 1, 2),
+    (4, 3, True, 1, 1),
+    (8, 1, True, 6, 8),
+    (8, 2, True, 3, 4),
+    (8, 3, True, 2, 2),
+    (16, 1, True, 12, 16),
+    (16, 2, True, 6, 8),
+    (16, 3, True, 4, 5),
+    (2, 1, False, 2, 2),   # every layer on a GPU: a couple of feeding threads
+    (4, 1, False, 2, 2),
+    (8, 3, False, 2, 2),
+    (16, 1, False, 2, 2),
+    (16, 3, False, 2, 2),
+]
+
+
+@pytest.mark.parametrize("cores,children,cpu,t,tb", TABLE)
+def test_thread_rule_table(cores: int, children: int, cpu: bool, t: int, tb: int) -> None:
+    p = plan_threads(cores, children, cpu)
+    assert p is not None
+    assert (p.threads, p.threads_batch) == (t, tb)
+    assert p.args() == ["-t", str(t), "-tb", str(tb)]
+    assert p.why
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128])
+@pytest.mark.parametrize("children", [1, 2, 3, 4])
+def test_thread_rule_laws(cores: int, children: int) -> None:
+    p = plan_threads(cores, children, True)
+    assert p is not None
+    # at least one thread each; decode never takes more than batch
+    assert 1 <= p.threads <= p.threads_batch
+    # the children's decode threads together leave the headroom free (when each can still have one)
+    if (cores - headroom_cores(cores)) >= children:
+        assert p.threads * children <= cores - headroom_cores(cores)
+    # and batch threads together never oversubscribe the cores
+    if cores >= children:
+        assert p.threads_batch * children <= cores
+    # a machine with more than one core always keeps a core out of decode
+    if cores > 1:
+        assert headroom_cores(cores) >= 1 and p.threads < cores
+    g = plan_threads(cores, children, False)
+    assert g is not None and g.threads <= p.threads_batch and g.threads <= 2
+
+
+def test_unknown_cores_leave_llama_cpp_default() -> None:
+    assert plan_threads(None) is None
+    assert plan_threads(0) is None
+
+
+def host(cores: int | None) -> Device:
+    return Device("cpu", "cpu", "host", total_bytes=64 * GIB, free_bytes=60 * GIB, cores=cores)
+
+
+def gpu(total_gib: float) -> Device:
+    return Device("nvidia", "cuda", "gpu", total_bytes=int(total_gib * GIB), free_bytes=int(total_gib * GIB))
+
+
+def test_plan_emits_threads_through_llama_args(model: ModelInfo) -> None:
+    m = model
+    p = plan(m, [host(8)], Intent(ctx=4096))
+    args = p.llama_args()
+    assert args[args.index("-t") + 1] == "6" and args[args.index("-tb") + 1] == "8"
+    assert p.threads is not None and p.threads.to_json()["headroom"] == 2
+
+
+def test_children_split_the_cores(model: ModelInfo) -> None:
+    m = model
+    p = plan(m, [host(16)], Intent(ctx=4096, children=2))
+    args = p.llama_args()
+    assert args[args.index("-t") + 1] == "6" and args[args.index("-tb") + 1] == "8"
+
+
+def test_all_layers_on_a_gpu_need_few_threads_and_some_on_the_host_need_more(model: ModelInfo) -> None:
+    m = model
+    full = plan(m, [host(16), gpu(80)], Intent(ctx=4096))
+    assert full.chosen.n_gpu_layers == m.n_block + 1
+    assert full.threads is not None and full.threads.threads == 2
+    partial = plan(m, [host(16), gpu(full.chosen.total / GIB * 0.5)], Intent(ctx=4096, reserve=0))
+    assert 0 < partial.chosen.n_gpu_layers < m.n_block + 1
+    assert partial.threads is not None and partial.threads.threads == 12
+
+
+def test_no_cores_known_no_thread_flags(model: ModelInfo) -> None:
+    p = plan(model, [host(None)], Intent(ctx=4096))
+    assert p.threads is None and "-t" not in p.llama_args() and "-tb" not in p.llama_args()
+
+
+def test_devices_file_takes_cores_and_refuses_nonsense() -> None:
+    d = device_from_json({"vendor": "cpu", "backend": "cpu", "name": "big host", "total_gib": 256, "cores": 32})
+    assert d.cores == 32
+    with pytest.raises(ConfigError, match="cores"):
+        device_from_json({"vendor": "cpu", "backend": "cpu", "name": "h", "total_gib": 8, "cores": 0})
+    with pytest.raises(ConfigError, match="cores"):
+        device_from_json({"vendor": "cpu", "backend": "cpu", "name": "h", "total_gib": 8, "cores": "many"})
