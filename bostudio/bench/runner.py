@@ -18,6 +18,7 @@ from bostudio import paths
 from bostudio.bench.measure import OFF, Sample
 from bostudio.bench.workloads import CONTEXT_QUESTION, Task, filler_code
 from bostudio.catalog.resolve import model_name
+from bostudio.engine.argv import build_argv
 from bostudio.engine.discover import Engine
 from bostudio.errors import ConfigError, ServerError
 from bostudio.gguf import ModelInfo
