@@ -7,7 +7,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -19,6 +19,7 @@ from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import ConfigError, PortInUseError, ServerError
 from bostudio.gguf import describe
+from bostudio.gguf.template import TemplateChoice, template_for
 from bostudio.launch import decide_launch
 from bostudio.pairing.fetch import interactive_ask, resolve_pull_policy
 from bostudio.planner import Plan
@@ -138,8 +139,18 @@ def prepare_launch(opts: UpOptions, note=print) -> Prepared:  # type: ignore[no-
     decision = decide_launch(info, request, engine, ctx=opts.ctx, cache_type=opts.cache_type, pull=policy,
                              ask=interactive_ask() if policy == "ask" else None, log=note,
                              workload=workload, pool=pool)
-    launch = decision.launch_spec(model, model_name(model), opts.port, opts.host)
+    launch = replace(decision.launch_spec(model, model_name(model), opts.port, opts.host),
+                     chat_template=template_for(info))  # issue21: the chat template (gguf/template.py)
     return Prepared(engine, launch, decision.plan, build_argv(engine.path, engine.flags, launch))
+
+
+def template_line(choice: TemplateChoice | None) -> str:
+    """The summary's chat-template line; a GGUF without a template is most likely a base model."""
+    line = "  chat template   : " + (choice.label if choice else "the GGUF's own")
+    if choice is not None and choice.reason == "the GGUF has no chat template":
+        line += ("\n  note            : no chat template usually means a base (not instruction-tuned) model: "
+                 "it continues text rather than following instructions")
+    return line
 
 
 def worker_pool(engine: Engine, workers: tuple[Worker, ...], note=print) -> Pool:  # type: ignore[no-untyped-def]
@@ -180,6 +191,7 @@ def run_up(opts: UpOptions, out=sys.stdout) -> int:
         say(f"  speculation     : {speculator.label} - {status.detail}")
         say(f"  why             : {speculator.reason}")
         say(f"  memory plan     : {plan.chosen.n_ctx} tokens of context; {plan.why}")
+        say(template_line(prep.launch.chat_template))  # issue21
         if prep.launch.rpc or plan.chosen.split or plan.chosen.draft_device:
             if prep.launch.rpc:
                 say(f"  rpc workers     : {prep.launch.rpc}")

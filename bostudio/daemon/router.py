@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from bostudio.daemon.capabilities import model_caps
 from bostudio.daemon.guard import check_request
+from bostudio.daemon.normalise import normalise
 from bostudio.daemon.stats import timings_from_body, timings_from_sse
 from bostudio.daemon.supervisor import Instance, Supervisor
 from bostudio.errors import BostudioError, ConfigError, ModelError, RequestError, ServerError
@@ -30,6 +31,9 @@ log = logging.getLogger("bostudio.daemon")
 DROP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date",
                 "access-control-allow-origin", "access-control-allow-credentials", "access-control-allow-methods",
                 "access-control-allow-headers"}
+# Routes whose requests can carry tools (llama-server renders them with the chat template).
+TOOL_ROUTES = frozenset({"/v1/chat/completions", "/v1/messages", "/v1/responses", "/v1/messages/count_tokens",
+                         "/v1/responses/input_tokens", "/v1/chat/completions/input_tokens", "/apply-template"})
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MAX_BODY = 64 << 20  # a 128k-token prompt with base64 images fits; more is refused (413)
 
@@ -135,7 +139,8 @@ class Router:
         try:
             name = check_request(body)
             cfg = self.sup.config_for(name)
-            refusal = (await asyncio.to_thread(model_caps, cfg.path)).refusal(route, name)
+            caps = await asyncio.to_thread(model_caps, cfg.path)
+            refusal = caps.refusal(route, name) or (caps.tool_refusal(body, name) if route in TOOL_ROUTES else None)
         except BostudioError as exc:
             raise Reject(error_response(exc, api))
         except OSError as exc:
@@ -199,6 +204,10 @@ class Router:
         try:
             raw, body = await self.read_json(request, api)
             name = await self.admit(body, path, api)
+            changed = normalise(path, body, (await asyncio.to_thread(model_caps, self.sup.config_for(name).path))
+                                .template.call_prefill)
+            if changed is not None:  # billing header stripped, forced call opened (daemon/normalise.py)
+                raw, body = json.dumps(changed).encode(), changed
             inst, upstream = await self.open(name, path, raw, api)
         except Reject as r:
             return r.response

@@ -145,7 +145,7 @@ def child_argv(engine: Engine, cfg: "ModelConfig", planned: Plan, caps: ModelCap
         extra += placement_args(planned)
     spec = LaunchSpec(model=cfg.path, alias=cfg.name, port=port, host="127.0.0.1", ctx=cfg.ctx,
                       speculator=planned.chosen.speculator, rpc=pool.rpc if pool.devices else None,
-                      extra_args=tuple(extra))
+                      extra_args=tuple(extra), chat_template=caps.template)  # issue21: template choice
     return build_argv(engine.path, engine.flags, spec)
 
 

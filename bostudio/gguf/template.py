@@ -1,0 +1,112 @@
+"""Which chat template a model is served with. Pure: a function of the GGUF's architecture and its
+`tokenizer.chat_template` text (never rendered here; llama-server renders it).
+
+A GGUF with no template would get llama-server's ChatML fallback, which fits few architectures and has
+no place for tools (llama.cpp common/chat.cpp CHATML_TEMPLATE_SRC), so tools vanish without a word. So:
+- the GGUF's own template when it has one that renders tools (or, for an architecture bostudio ships no
+  tool template for, when it has one at all);
+- for an architecture bostudio ships a tool-capable Jinja template for (the Gemma family), that
+  template, served with `--jinja --chat-template-file`: llama.cpp's template analyser derives the
+  tool-call parser from it (common/chat.cpp, common_chat_templates_apply_jinja);
+- else one of llama.cpp's built-in templates by name (src/llama-chat.cpp LLM_CHAT_TEMPLATES), served
+  with `--no-jinja --chat-template NAME`: it renders no tools, so requests with tools are refused
+  (`renders_tools` False) instead of losing them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+TEMPLATES_DIR = Path(__file__).parent / "templates"
+
+# Architectures (general.architecture) -> the Jinja template bostudio ships for them (renders tools).
+SHIPPED = {"gemma": "gemma-tools.jinja", "gemma2": "gemma-tools.jinja", "gemma3": "gemma-tools.jinja",
+           "gemma3n": "gemma-tools.jinja"}
+# A shipped template's tool-call opening marker: a forced call's assistant turn starts with it
+# (daemon/normalise.py), so llama.cpp's grammar leaves the model only the call.
+CALL_PREFILL = {"gemma-tools.jinja": "<tool_call>\n"}
+
+# Architectures -> llama.cpp's built-in template name for a GGUF without a template. Only where the
+# architecture implies the chat format; everything else gets ChatML, as llama-server would.
+BUILTIN = {"qwen2": "chatml", "qwen2moe": "chatml", "qwen3": "chatml", "qwen3moe": "chatml", "phi3": "phi3",
+           "phi4": "phi4", "command-r": "command-r", "cohere2": "command-r", "deepseek2": "deepseek2",
+           "chatglm": "chatglm4", "glm4": "chatglm4", "minicpm": "minicpm", "exaone": "exaone3",
+           "exaone4": "exaone4", "granite": "granite", "granitemoe": "granite", "falcon3": "falcon3",
+           "orion": "orion", "gpt-oss": "gpt-oss", "openai-moe": "gpt-oss", "hunyuan-moe": "hunyuan-moe",
+           "hunyuan-dense": "hunyuan-dense", "rwkv6": "rwkv-world", "rwkv7": "rwkv-world", "smollm3": "chatml",
+           "bailingmoe": "bailing", "bailingmoe2": "bailing2", "seed_oss": "seed_oss", "grok": "grok-2",
+           "llama4": "llama4"}
+
+
+@dataclass(frozen=True)
+class TemplateChoice:
+    """How a model's chat turns are rendered.
+
+    source: gguf | shipped | builtin. `name` is the built-in template's name or the shipped file's
+    name ('' for the GGUF's own). `file` is the shipped template's path. `is_fallback`: the GGUF's own
+    template is not used (it has none, or it cannot render tools). `renders_tools`: tools in a request
+    reach the model."""
+
+    source: str
+    name: str = ""
+    file: Path | None = None
+    is_fallback: bool = False
+    renders_tools: bool = True
+    reason: str = ""
+    call_prefill: str = ""  # opens a forced tool call (shipped templates only)
+
+    @property
+    def label(self) -> str:
+        """One line for `show`, `plan`, `up`, `ps` and the TUI."""
+        what = {"gguf": "the GGUF's own", "shipped": f"bostudio's {self.name}",
+                "builtin": f"llama.cpp's built-in {self.name!r}"}[self.source]
+        tail = " (fallback: " + self.reason + ")" if self.is_fallback else ""
+        return what + ("" if self.renders_tools else ", renders no tools") + tail
+
+    def argv(self) -> tuple[str, ...]:
+        """llama-server flags for this choice (none for the GGUF's own template)."""
+        if self.source == "shipped":
+            return ("--jinja", "--chat-template-file", str(self.file))
+        if self.source == "builtin":
+            return ("--no-jinja", "--chat-template", self.name)
+        return ()
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "name": self.name, "file": str(self.file) if self.file else None,
+                "is_fallback": self.is_fallback, "renders_tools": self.renders_tools, "reason": self.reason,
+                "label": self.label}
+
+
+def template_renders_tools(template: str) -> bool:
+    """Whether a Jinja chat template looks at the request's tools (a template that never names
+    `tools` drops them)."""
+    return "tools" in template
+
+
+def choose_template(architecture: str, chat_template: str | None, kind: str = "chat") -> TemplateChoice:
+    """The template for a model of `architecture` whose GGUF carries `chat_template` (None: none)."""
+    shipped = SHIPPED.get(architecture)
+    if kind != "chat":
+        return TemplateChoice("gguf", renders_tools=False)
+    if chat_template:
+        if template_renders_tools(chat_template):
+            return TemplateChoice("gguf")
+        if shipped is None:
+            return TemplateChoice("gguf", renders_tools=False)
+        return TemplateChoice("shipped", shipped, TEMPLATES_DIR / shipped, is_fallback=True,
+                              reason="the GGUF's template renders no tools", call_prefill=CALL_PREFILL[shipped])
+    if shipped is not None:
+        return TemplateChoice("shipped", shipped, TEMPLATES_DIR / shipped, is_fallback=True,
+                              reason="the GGUF has no chat template", call_prefill=CALL_PREFILL[shipped])
+    return TemplateChoice("builtin", BUILTIN.get(architecture, "chatml"), is_fallback=True, renders_tools=False,
+                          reason="the GGUF has no chat template")
+
+
+def template_for(info) -> TemplateChoice:  # type: ignore[no-untyped-def]
+    """choose_template for a ModelInfo."""
+    return choose_template(info.architecture, info.chat_template, info.kind if info.kind != "model" else "chat")
+
+
+__all__ = ["TemplateChoice", "choose_template", "template_for", "template_renders_tools", "SHIPPED", "BUILTIN",
+           "TEMPLATES_DIR"]
