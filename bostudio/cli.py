@@ -897,6 +897,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from bostudio.cli_bench import add_parsers
     add_parsers(sub)
+    from bostudio.cli_launch import add_launch_parser  # issue21: bostudio launch AGENT
+    add_launch_parser(sub)
     return parser
 
 
