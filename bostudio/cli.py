@@ -226,6 +226,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from bostudio.planner.memory import GIB, cache_type
     from bostudio.planner.render import plan_json, render_plan
     from bostudio.pairing.pair import self_draft_info
+    from bostudio.display import escape_untrusted
+    from bostudio.gguf.template import template_for
     from bostudio.speculation import DRAFT_N_MAX, Speculator, parse_spec
 
     model = _resolve_model(args.model)
@@ -276,10 +278,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"note: {problem}", file=sys.stderr)
     if args.json:
         _print_json(dict(plan_json(p), speculation=speculator.label, reason=speculator.reason,
-                         draft=str(speculator.draft) if speculator.draft else None))
+                         draft=str(speculator.draft) if speculator.draft else None,
+                         chat_template=template_for(model).to_json()))  # issue21
     else:
         print(render_plan(p))
         print(f"speculator: {speculator.label} ({speculator.reason})")
+        print(f"chat template: {escape_untrusted(template_for(model).label)}")  # issue21
     return 0 if p.chosen.fits else 1
 
 
@@ -538,6 +542,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
               f"{_fmt(r['speculation'])[:14]:14} {_fmt(st.get('decode_tok_s_avg'), '.1f'):>6} "
               f"{'-' if rate is None else format(100 * rate, '.0f') + '%':>6} "
               f"{_fmt(st.get('mean_accepted_length'), '.2f'):>8} {st['requests']:>5} {_prompts(r.get('prompts')):>16}")
+        if r.get("chat_template", {}).get("is_fallback"):  # issue21
+            print(f"  chat template: {r['chat_template']['label']}")
         retry = r.get("retry")
         if retry:
             when = "" if retry.get("in_s") is None else f" (in {retry['in_s']:.0f} s)"

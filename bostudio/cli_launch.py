@@ -24,6 +24,8 @@ LAUNCH_HELP = (
 def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=None, metavar="N",
                    help="context size (default: what the memory plan gives, as `bostudio plan MODEL` shows)")
+    p.add_argument("--max-output", type=int, default=None, metavar="N",
+                   help="the output limit the agent asks for (default: a quarter of the context, at most 32768)")
     p.add_argument("--port", type=int, default=None, help="the daemon's port, when it has to be started")
     p.add_argument("--print", dest="print_only", action="store_true",
                    help="show the configuration (environment, files, command) instead of running the agent")
@@ -48,7 +50,7 @@ def split_rest(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     p.add_argument("model", nargs="?")
     _options(p)
     parsed = p.parse_args(head)
-    for k in ("ctx", "port"):
+    for k in ("ctx", "port", "max_output"):
         if getattr(parsed, k) is not None:
             setattr(args, k, getattr(parsed, k))
     args.print_only = args.print_only or parsed.print_only
@@ -65,7 +67,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         pkg, ver = PINNED[args.agent]
         raise BostudioError(f"{BINARIES[args.agent]} is not installed (bostudio launches it, it does not install "
                             f"it)", f"install it with: npm install -g {pkg}@{ver}")
-    cfg, inst = prepare(args.agent, model, ctx=args.ctx, port=args.port)
+    cfg, inst = prepare(args.agent, model, ctx=args.ctx, port=args.port, max_output=args.max_output)
     if args.print_only:
         data = dict(cfg.to_json(), model=inst["model"], ctx=inst["ctx"],
                     command=[cfg.binary, *cfg.args, *user_args])

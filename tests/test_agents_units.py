@@ -25,7 +25,9 @@ PLAIN_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
     ("gemma3", TOOLS_TEMPLATE, "gguf", "", False, True),
     ("llama", TOOLS_TEMPLATE, "gguf", "", False, True),
     ("llama", PLAIN_TEMPLATE, "gguf", "", False, False),  # its own template, tools refused
-    ("qwen2", None, "builtin", "chatml", True, False),
+    ("qwen2", None, "shipped", "chatml-tools.jinja", True, True),
+    ("llama", "<|im_start|>{% for m in messages %}{{ m.content }}{% endfor %}", "shipped", "chatml-tools.jinja",
+     True, True),  # SmolLM2-Instruct: ChatML without tools
     ("phi3", None, "builtin", "phi3", True, False),
     ("some-new-arch", None, "builtin", "chatml", True, False),
 ])
@@ -53,7 +55,7 @@ def test_template_argv_is_threaded_through_launchspec() -> None:
 
 def test_tools_are_refused_not_dropped_when_the_template_cannot_render_them() -> None:
     body = {"model": "m", "messages": [], "tools": [{"type": "function", "function": {"name": "f"}}]}
-    caps = ModelCaps("chat", None, False, choose_template("qwen2", None))
+    caps = ModelCaps("chat", None, False, choose_template("some-new-arch", None))
     err = caps.tool_refusal(body, "m")
     assert err is not None and "cannot render tools" in err.message
     assert caps.tool_refusal(dict(body, tools=[]), "m") is None

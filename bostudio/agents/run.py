@@ -34,7 +34,7 @@ def planned_ctx(model: str) -> int:
 
 
 def prepare(agent: str, model: str | None, ctx: int | None = None, host: str = "127.0.0.1",
-            port: int | None = None) -> tuple[AgentConfig, dict]:
+            port: int | None = None, max_output: int | None = None) -> tuple[AgentConfig, dict]:
     """Daemon up, model loaded, the agent's configuration; returns it and the instance."""
     from bostudio.daemon import DEFAULT_PORT
     from bostudio.daemon.client import DaemonClient
@@ -51,7 +51,9 @@ def prepare(agent: str, model: str | None, ctx: int | None = None, host: str = "
             inst = loaded
         else:
             inst = client.start(model, ctx=ctx or planned_ctx(model))
-    target = AgentTarget(rec.url, read_token(), inst["model"], int(inst["ctx"]), max_output_for(int(inst["ctx"])))
+    n_ctx = int(inst["ctx"])
+    out = max(16, min(max_output, n_ctx // 2)) if max_output else max_output_for(n_ctx)
+    target = AgentTarget(rec.url, read_token(), inst["model"], n_ctx, out)
     return configure(agent, target, agent_config_dir()), inst
 
 

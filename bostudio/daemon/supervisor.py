@@ -133,6 +133,14 @@ def plan_child(info: ModelInfo, spec_mode: str, engine: Engine, ctx: int, cache_
                            prompt_cache=prompt_reuse and generates)
 
 
+def _template_json(path: Path) -> dict | None:
+    """The chat template the model is served with (gguf/template.py), None when unreadable."""
+    try:
+        return model_caps(path).template.to_json()
+    except (OSError, BostudioError):
+        return None
+
+
 def child_argv(engine: Engine, cfg: "ModelConfig", planned: Plan, caps: ModelCaps, port: int,
                slot_dir: Path | None, pool: Pool = Pool()) -> list[str]:
     """The child's llama-server argv: the plan's speculator, its cache type, the flags its kind needs
@@ -281,6 +289,7 @@ class Instance:
             "stats": self.stats.to_json(), "log": str(self.log_path),
             "retry": self.retry_json(), "prompts": self.prompts,
             "workload": self.cfg.workload, "spec_check": self.spec_check,
+            "chat_template": _template_json(self.cfg.path),  # issue21: which template, fallback or not
             "spec_flagged": bool(self.spec_check and self.spec_check["state"] == "below"),
             "break_even_source": self.break_even_source,
             "auto_off": ({"workload": self.cfg.auto_off, "reason": self.cfg.auto_off_reason}

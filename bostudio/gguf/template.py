@@ -5,8 +5,8 @@ A GGUF with no template would get llama-server's ChatML fallback, which fits few
 no place for tools (llama.cpp common/chat.cpp CHATML_TEMPLATE_SRC), so tools vanish without a word. So:
 - the GGUF's own template when it has one that renders tools (or, for an architecture bostudio ships no
   tool template for, when it has one at all);
-- for an architecture bostudio ships a tool-capable Jinja template for (the Gemma family), that
-  template, served with `--jinja --chat-template-file`: llama.cpp's template analyser derives the
+- for an architecture or chat format bostudio ships a tool-capable Jinja template for (the Gemma
+  family; ChatML), that template, served with `--jinja --chat-template-file`: llama.cpp's template analyser derives the
   tool-call parser from it (common/chat.cpp, common_chat_templates_apply_jinja);
 - else one of llama.cpp's built-in templates by name (src/llama-chat.cpp LLM_CHAT_TEMPLATES), served
   with `--no-jinja --chat-template NAME`: it renders no tools, so requests with tools are refused
@@ -23,9 +23,11 @@ TEMPLATES_DIR = Path(__file__).parent / "templates"
 # Architectures (general.architecture) -> the Jinja template bostudio ships for them (renders tools).
 SHIPPED = {"gemma": "gemma-tools.jinja", "gemma2": "gemma-tools.jinja", "gemma3": "gemma-tools.jinja",
            "gemma3n": "gemma-tools.jinja"}
+# ChatML models (a GGUF template with <|im_start|>, or a ChatML architecture without one) get this one.
+CHATML_TOOLS = "chatml-tools.jinja"
 # A shipped template's tool-call opening marker: a forced call's assistant turn starts with it
 # (daemon/normalise.py), so llama.cpp's grammar leaves the model only the call.
-CALL_PREFILL = {"gemma-tools.jinja": "<tool_call>\n"}
+CALL_PREFILL = {"gemma-tools.jinja": "<tool_call>\n", CHATML_TOOLS: "<tool_call>\n"}
 
 # Architectures -> llama.cpp's built-in template name for a GGUF without a template. Only where the
 # architecture implies the chat format; everything else gets ChatML, as llama-server would.
@@ -87,6 +89,9 @@ def template_renders_tools(template: str) -> bool:
 def choose_template(architecture: str, chat_template: str | None, kind: str = "chat") -> TemplateChoice:
     """The template for a model of `architecture` whose GGUF carries `chat_template` (None: none)."""
     shipped = SHIPPED.get(architecture)
+    if shipped is None and ("<|im_start|>" in (chat_template or "")
+                            or (not chat_template and BUILTIN.get(architecture) == "chatml")):
+        shipped = CHATML_TOOLS
     if kind != "chat":
         return TemplateChoice("gguf", renders_tools=False)
     if chat_template:
@@ -109,4 +114,5 @@ def template_for(info) -> TemplateChoice:  # type: ignore[no-untyped-def]
 
 
 __all__ = ["TemplateChoice", "choose_template", "template_for", "template_renders_tools", "SHIPPED", "BUILTIN",
+           "CHATML_TOOLS",
            "TEMPLATES_DIR"]
