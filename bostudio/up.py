@@ -147,7 +147,7 @@ def prepare_launch(opts: UpOptions, note=print) -> Prepared:  # type: ignore[no-
 def template_line(choice: TemplateChoice | None) -> str:
     """The summary's chat-template line; a GGUF without a template is most likely a base model."""
     line = "  chat template   : " + (choice.label if choice else "the GGUF's own")
-    if choice is not None and choice.reason == "the GGUF has no chat template":
+    if choice is not None and choice.reason.startswith("the GGUF has no chat template"):
         line += ("\n  note            : no chat template usually means a base (not instruction-tuned) model: "
                  "it continues text rather than following instructions")
     return line

@@ -20,7 +20,7 @@ PLAIN_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
 
 
 @pytest.mark.parametrize("arch, template, source, name, fallback, tools", [
-    ("gemma3", None, "shipped", "gemma-tools.jinja", True, True),  # the embedded base model
+    ("gemma3", None, "shipped", "chatml-tools.jinja", True, True),  # the embedded base model: untrained turn tokens
     ("gemma3", PLAIN_TEMPLATE, "shipped", "gemma-tools.jinja", True, True),  # Gemma 3 IT: no tools in its own
     ("gemma3", TOOLS_TEMPLATE, "gguf", "", False, True),
     ("llama", TOOLS_TEMPLATE, "gguf", "", False, True),
@@ -29,7 +29,7 @@ PLAIN_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
     ("llama", "<|im_start|>{% for m in messages %}{{ m.content }}{% endfor %}", "shipped", "chatml-tools.jinja",
      True, True),  # SmolLM2-Instruct: ChatML without tools
     ("phi3", None, "builtin", "phi3", True, False),
-    ("some-new-arch", None, "builtin", "chatml", True, False),
+    ("some-new-arch", None, "shipped", "chatml-tools.jinja", True, True),  # what llama-server guesses, plus tools
 ])
 def test_template_choice_by_architecture(arch, template, source, name, fallback, tools) -> None:
     c = choose_template(arch, template)
@@ -41,10 +41,14 @@ def test_template_argv_is_threaded_through_launchspec() -> None:
     flags = frozenset({"-m", "--alias", "--host", "--port", "-c", "--metrics", "--spec-type", "--jinja",
                        "--no-jinja", "--chat-template", "--chat-template-file"})
     shipped = choose_template("gemma3", None)
-    argv = build_argv(Path("/x/llama-server"), flags, LaunchSpec(Path("m.gguf"), "m", 1, chat_template=shipped))
+    argv = build_argv(Path("/x/llama-server"), flags | {"--reverse-prompt"},
+                      LaunchSpec(Path("m.gguf"), "m", 1, chat_template=shipped))
     i = argv.index("--chat-template-file")
-    assert argv[i - 1] == "--jinja" and Path(argv[i + 1]) == TEMPLATES_DIR / "gemma-tools.jinja"
+    assert argv[i - 1] == "--jinja" and Path(argv[i + 1]) == TEMPLATES_DIR / "chatml-tools.jinja"
     assert Path(argv[i + 1]).is_file()
+    assert argv[i + 2:i + 6] == ["--reverse-prompt", "<|im_end|>", "--reverse-prompt", "<|im_start|>"]
+    gemma_it = choose_template("gemma3", "<start_of_turn>{{ messages }}")
+    assert gemma_it.name == "gemma-tools.jinja" and not gemma_it.stops  # trained turn tokens: no stop needed
     builtin = build_argv(Path("/x/llama-server"), flags,
                          LaunchSpec(Path("m.gguf"), "m", 1, chat_template=choose_template("phi3", None)))
     assert builtin[-3:] == ["--no-jinja", "--chat-template", "phi3"]
@@ -55,11 +59,12 @@ def test_template_argv_is_threaded_through_launchspec() -> None:
 
 def test_tools_are_refused_not_dropped_when_the_template_cannot_render_them() -> None:
     body = {"model": "m", "messages": [], "tools": [{"type": "function", "function": {"name": "f"}}]}
-    caps = ModelCaps("chat", None, False, choose_template("some-new-arch", None))
+    caps = ModelCaps("chat", None, False, choose_template("phi3", None))
     err = caps.tool_refusal(body, "m")
     assert err is not None and "cannot render tools" in err.message
     assert caps.tool_refusal(dict(body, tools=[]), "m") is None
     assert ModelCaps("chat", None, False, choose_template("gemma3", None)).tool_refusal(body, "m") is None
+    assert ModelCaps("chat", None, False, choose_template("llama", PLAIN_TEMPLATE)).tool_refusal(body, "m")
 
 
 BILLING = "x-anthropic-billing-header: cc_version=2.1.332.68e; cc_entrypoint=sdk-cli; cch=00000;"
