@@ -133,7 +133,7 @@ def test_codex_gets_a_provider_in_a_codex_home_of_bostudios(tmp_path: Path) -> N
     assert Path(path).parent == tmp_path / "codex"
     toml = tomllib.loads(text)
     assert toml["model_provider"] == "bostudio" and toml["model"] == TARGET.model
-    assert toml["model_context_window"] == 32768 and toml["model_max_output_tokens"] == TARGET.max_output
+    assert toml["model_context_window"] == 32768 and toml["model_auto_compact_token_limit"] < 32768
     prov = toml["model_providers"]["bostudio"]
     assert prov["base_url"] == TARGET.url + "/v1" and prov["wire_api"] == "responses"
     assert prov["env_key"] == "BOSTUDIO_API_KEY"

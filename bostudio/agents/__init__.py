@@ -77,14 +77,14 @@ def claude_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
 
 
 def codex_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
-    """Codex: a CODEX_HOME owned by bostudio with a `bostudio` provider speaking the Responses API."""
+    """Codex: a CODEX_HOME owned by bostudio with a `bostudio` provider speaking the Responses API. (Codex
+    0.171 ignores `model_max_output_tokens` and sends no output limit.)"""
     home = config_dir / "codex"
     toml = "\n".join([
         "# Written by `bostudio launch codex`; regenerated on every launch.",
         'model_provider = "bostudio"',
         f"model = {json.dumps(target.model)}",
         f"model_context_window = {target.ctx}",
-        f"model_max_output_tokens = {target.max_output}",
         f"model_auto_compact_token_limit = {target.ctx * 9 // 10}",
         'approval_policy = "on-request"',
         "check_for_update_on_startup = false",

@@ -254,6 +254,7 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
             "bars": option_bars(o),
             "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes} for u in o.uses],
             "budget_bytes": sup.budget(), "argv": argv, "would_fit": [],
+            "chat_template": caps.template.to_json(),  # issue21: the template it is served with
             # with RPC workers: where each part lives and why, and the workers that could not be used
             "placement": placement_lines(planned) if pool.devices else [], "rpc_problems": list(pool.problems)}
         if refused is not None:  # what would make it fit, one change at a time (the planner's answer)
