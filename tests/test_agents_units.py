@@ -149,3 +149,11 @@ def test_opencode_gets_an_openai_compatible_provider(tmp_path: Path) -> None:
     assert prov["options"] == {"baseURL": TARGET.url + "/v1", "apiKey": "tok"}
     assert prov["models"][TARGET.model]["limit"] == {"context": 32768, "output": TARGET.max_output}
     assert data["model"] == f"bostudio/{TARGET.model}"
+
+
+def test_requests_without_an_output_limit_get_one() -> None:
+    assert normalise("/v1/responses", {"input": "hi"}, output_limit=8192)["max_output_tokens"] == 8192
+    assert normalise("/v1/chat/completions", {"messages": []}, output_limit=8192)["max_tokens"] == 8192
+    assert normalise("/v1/chat/completions", {"messages": [], "max_tokens": 5}, output_limit=8192) is None
+    assert normalise("/v1/chat/completions", {"messages": [], "max_completion_tokens": 5}, output_limit=8192) is None
+    assert normalise("/v1/responses", {"input": "hi", "max_output_tokens": 9}, output_limit=8192) is None

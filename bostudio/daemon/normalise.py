@@ -5,6 +5,7 @@
   the whole ~20k-token prefix misses llama-server's prompt cache from its first token. It carries nothing
   for a local model, so it is stripped (from `system`, a string or a list of blocks, and from any
   `role: system` message inside `messages`).
+- A request without an output limit gets one (`output_limit`, a quarter of the model's context).
 - A forced tool call (`tool_choice` required/any or one named tool) on a model served with a template
   that has a call prefill (gguf/template.py): the assistant turn is started with the call's opening
   marker. llama.cpp's tool grammar allows free text before the first call (common/chat-auto-parser-
@@ -87,10 +88,26 @@ def prefill_forced_call(path: str, body: dict, prefill: str) -> dict | None:
     return None
 
 
-def normalise(path: str, body: dict, call_prefill: str = "") -> dict | None:
+def default_output_limit(path: str, body: dict, limit: int) -> dict | None:
+    """The body with an output limit when it has none (Codex sends none): a model that never ends its
+    turn (a base model) would otherwise generate until the context is full, holding a slot for minutes."""
+    if limit <= 0:
+        return None
+    if path == "/v1/responses" and body.get("max_output_tokens") is None:
+        return dict(body, max_output_tokens=limit)
+    if path == "/v1/chat/completions" and body.get("max_tokens") is None \
+            and body.get("max_completion_tokens") is None:
+        return dict(body, max_tokens=limit)
+    return None
+
+
+def normalise(path: str, body: dict, call_prefill: str = "", output_limit: int = 0) -> dict | None:
     """The body to forward instead of the client's, or None to forward it unchanged."""
     out = body
     changed = False
+    limited = default_output_limit(path, out, output_limit)
+    if limited is not None:
+        out, changed = limited, True
     if path.startswith("/v1/messages"):
         stripped = strip_billing_header(out)
         if stripped is not None:
@@ -101,4 +118,4 @@ def normalise(path: str, body: dict, call_prefill: str = "") -> dict | None:
     return out if changed else None
 
 
-__all__ = ["normalise", "strip_billing_header", "prefill_forced_call", "forces_tool_call", "BILLING_PREFIX"]
+__all__ = ["normalise", "default_output_limit", "strip_billing_header", "prefill_forced_call", "forces_tool_call", "BILLING_PREFIX"]

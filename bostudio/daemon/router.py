@@ -204,9 +204,10 @@ class Router:
         try:
             raw, body = await self.read_json(request, api)
             name = await self.admit(body, path, api)
-            changed = normalise(path, body, (await asyncio.to_thread(model_caps, self.sup.config_for(name).path))
-                                .template.call_prefill)
-            if changed is not None:  # billing header stripped, forced call opened (daemon/normalise.py)
+            cfg = self.sup.config_for(name)
+            changed = normalise(path, body, (await asyncio.to_thread(model_caps, cfg.path)).template.call_prefill,
+                                output_limit=max(256, cfg.ctx // 4))
+            if changed is not None:  # billing header stripped, forced call opened, output limited (normalise.py)
                 raw, body = json.dumps(changed).encode(), changed
             inst, upstream = await self.open(name, path, raw, api)
         except Reject as r:
