@@ -380,6 +380,7 @@ def cmd_up_daemon(args: argparse.Namespace) -> int:
     from bostudio.daemon import DEFAULT_PORT
     from bostudio.daemon.client import DaemonClient
     from bostudio.daemon.service import DaemonOptions, start_background
+    from bostudio.display import escape_untrusted
 
     extra = ["--engine", args.engine] if args.engine else []
     extra += ["--rpc", args.rpc] if args.rpc else []
@@ -398,6 +399,8 @@ def cmd_up_daemon(args: argparse.Namespace) -> int:
     print(f"  model           : {inst['model']}")
     print(f"  speculation     : {inst['speculation']} - {status.get('detail', 'unknown')}")
     print(f"  why             : {inst['speculation_reason']}")
+    if inst.get("chat_template"):  # issue21
+        print("  chat template   : " + escape_untrusted(inst["chat_template"]["label"]))
     print(f"  log             : {inst['log']}")
     print(f"It keeps running in the daemon: `bostudio ps` lists it, `bostudio stop {inst['model']}` stops it.")
     return 0
