@@ -166,11 +166,12 @@ def test_openai_chat_forced_tool_call_and_its_result(daemon: DaemonProc) -> None
 def test_openai_responses_forced_tool_call_and_its_result(daemon: DaemonProc) -> None:
     oai = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0, timeout=300)
     tools = [{"type": "function", **WEATHER}]
-    r = oai.responses.create(model=GEMMA, input="What is the weather in Paris?", tools=tools,
-                             tool_choice="required", max_output_tokens=120)
-    calls = [o for o in r.output if o.type == "function_call"]
-    assert calls and calls[0].name == "get_weather"
-    json.loads(calls[0].arguments)
+    for choice in ("required", {"type": "function", "name": "get_weather"}):
+        r = oai.responses.create(model=GEMMA, input="What is the weather in Paris?", tools=tools,
+                                 tool_choice=choice, max_output_tokens=120)
+        calls = [o for o in r.output if o.type == "function_call"]
+        assert calls and calls[0].name == "get_weather"
+        json.loads(calls[0].arguments)
     follow = [{"role": "user", "content": "What is the weather in Paris?"},
               {"type": "function_call", "call_id": calls[0].call_id, "name": calls[0].name,
                "arguments": calls[0].arguments},

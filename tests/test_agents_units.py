@@ -108,7 +108,8 @@ def test_forced_tool_calls_open_the_call(path, body, forced) -> None:
     if forced:
         last = (out.get("messages") or out.get("input"))[-1]
         assert last["role"] == "assistant" and last["content"] == "<tool_call>\n"
-    assert normalise(path, body, "") is None  # no prefill for templates without one
+    plain = normalise(path, body, "")  # no prefill for templates without one
+    assert plain is None or not any(m.get("role") == "assistant" for m in plain.get("messages", []))
 
 
 TARGET = AgentTarget("http://127.0.0.1:8642", "tok", "gemma-3-270m-q4_k_m", 32768, max_output_for(32768))
@@ -157,3 +158,17 @@ def test_requests_without_an_output_limit_get_one() -> None:
     assert normalise("/v1/chat/completions", {"messages": [], "max_tokens": 5}, output_limit=8192) is None
     assert normalise("/v1/chat/completions", {"messages": [], "max_completion_tokens": 5}, output_limit=8192) is None
     assert normalise("/v1/responses", {"input": "hi", "max_output_tokens": 9}, output_limit=8192) is None
+
+
+def test_a_named_tool_choice_becomes_required_over_that_tool() -> None:
+    tools = [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "g"}}]
+    out = normalise("/v1/chat/completions", {"messages": [], "max_tokens": 5, "tools": tools,
+                                             "tool_choice": {"type": "function", "function": {"name": "g"}}})
+    assert out["tool_choice"] == "required" and out["tools"] == tools[1:]
+    rtools = [{"type": "function", "name": "f"}, {"type": "function", "name": "g"}]
+    out = normalise("/v1/responses", {"input": "x", "max_output_tokens": 5, "tools": rtools,
+                                      "tool_choice": {"type": "function", "name": "f"}})
+    assert out["tool_choice"] == "required" and out["tools"] == rtools[:1]
+    unknown = {"messages": [], "max_tokens": 5, "tools": tools,
+               "tool_choice": {"type": "function", "function": {"name": "zzz"}}}
+    assert normalise("/v1/chat/completions", unknown) is None

@@ -6,6 +6,8 @@
   for a local model, so it is stripped (from `system`, a string or a list of blocks, and from any
   `role: system` message inside `messages`).
 - A request without an output limit gets one (`output_limit`, a quarter of the model's context).
+- A named tool_choice (OpenAI chat and Responses) becomes `required` over the named tool alone: llama-server
+  reads an object tool_choice as `auto`.
 - A forced tool call (`tool_choice` required/any or one named tool) on a model served with a template
   that has a call prefill (gguf/template.py): the assistant turn is started with the call's opening
   marker. llama.cpp's tool grammar allows free text before the first call (common/chat-auto-parser-
@@ -101,6 +103,29 @@ def default_output_limit(path: str, body: dict, limit: int) -> dict | None:
     return None
 
 
+def _tool_name(tool: Any) -> str | None:
+    if not isinstance(tool, dict):
+        return None
+    fn = tool.get("function")
+    return fn.get("name") if isinstance(fn, dict) else tool.get("name")
+
+
+def named_tool_choice(path: str, body: dict) -> dict | None:
+    """A named tool_choice as llama-server understands it: the named tool only, and `required`.
+    llama-server reads tool_choice as a string and takes an object for `auto` (tools/server/
+    server-common.cpp: json_value(body, "tool_choice", "auto")), so a named call would not be forced."""
+    choice = body.get("tool_choice")
+    if path not in ("/v1/chat/completions", "/v1/responses") or not isinstance(choice, dict) \
+            or choice.get("type") != "function" or not isinstance(body.get("tools"), list):
+        return None
+    fn = choice.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else choice.get("name")
+    tools = [t for t in body["tools"] if _tool_name(t) == name]
+    if not isinstance(name, str) or not tools:
+        return None  # llama-server answers an unknown name itself
+    return dict(body, tools=tools, tool_choice="required")
+
+
 def normalise(path: str, body: dict, call_prefill: str = "", output_limit: int = 0) -> dict | None:
     """The body to forward instead of the client's, or None to forward it unchanged."""
     out = body
@@ -108,6 +133,9 @@ def normalise(path: str, body: dict, call_prefill: str = "", output_limit: int =
     limited = default_output_limit(path, out, output_limit)
     if limited is not None:
         out, changed = limited, True
+    named = named_tool_choice(path, out)
+    if named is not None:
+        out, changed = named, True
     if path.startswith("/v1/messages"):
         stripped = strip_billing_header(out)
         if stripped is not None:
@@ -118,4 +146,4 @@ def normalise(path: str, body: dict, call_prefill: str = "", output_limit: int =
     return out if changed else None
 
 
-__all__ = ["normalise", "default_output_limit", "strip_billing_header", "prefill_forced_call", "forces_tool_call", "BILLING_PREFIX"]
+__all__ = ["normalise", "default_output_limit", "named_tool_choice", "strip_billing_header", "prefill_forced_call", "forces_tool_call", "BILLING_PREFIX"]
