@@ -75,30 +75,43 @@ def agent_env(daemon: DaemonProc, cfg: dict, home: Path) -> dict[str, str]:
     return env
 
 
-def evaluated_prompt_tokens(daemon: DaemonProc) -> list[int]:
+def child_log(daemon: DaemonProc) -> str:
+    return Path(daemon.instance(GEMMA)["log"]).read_text(errors="replace")
+
+
+def evaluated_prompt_tokens(log: str) -> list[int]:
     """Prompt tokens llama-server evaluated per finished task (cached ones not counted), from its log."""
-    log = Path(daemon.instance(GEMMA)["log"])
-    return [int(n) for n in PROMPT_EVAL.findall(log.read_text(errors="replace"))]
+    return [int(n) for n in PROMPT_EVAL.findall(log)]
+
+
+def most_at_once(log: str) -> int:
+    """The most requests llama-server's slots processed at the same time, from its log."""
+    busy, most = set(), 0
+    for event, slot in re.findall(r"slot (launch_slot_|     release): id\s+(\d+)", log):
+        (busy.add if event == "launch_slot_" else busy.discard)(slot)
+        most = max(most, len(busy))
+    return most
 
 
 def run_agent(daemon: DaemonProc, agent: str, argv: list[str], home: Path,
-              ok=lambda out: out.returncode == 0) -> tuple[subprocess.CompletedProcess, list[int]]:
-    """The agent run as a user runs it; returns its result and the prompt tokens llama-server evaluated
-    for each of its requests."""
+              ok=lambda out: out.returncode == 0) -> tuple[subprocess.CompletedProcess, list[int], str]:
+    """The agent run as a user runs it; returns its result, the prompt tokens llama-server evaluated
+    for each of its requests, and llama-server's log of the run."""
     cfg = launch_print(daemon, agent)
     assert cfg["model"] == GEMMA and cfg["ctx"] >= 16384  # the planned context, not the daemon's 4096
-    before = len(evaluated_prompt_tokens(daemon))
+    before = len(child_log(daemon))
     errors = daemon.instance(GEMMA)["stats"]["errors"]
     work = home / "work"
     work.mkdir(parents=True, exist_ok=True)
     out = subprocess.run([cfg["binary"], *argv], env=agent_env(daemon, cfg, home), cwd=work, capture_output=True,
                          text=True, timeout=HANG_GUARD_S, stdin=subprocess.DEVNULL)
-    evaluated = evaluated_prompt_tokens(daemon)[before:]
+    log = child_log(daemon)[before:]
+    evaluated = evaluated_prompt_tokens(log)
     assert ok(out), f"{agent} failed ({out.returncode}): {out.stderr[-3000:]}\n{out.stdout[-2000:]}"
     assert out.stdout.strip(), f"{agent} printed nothing: {out.stderr[-3000:]}"
     assert evaluated, f"{agent}'s requests never reached llama-server"
     assert daemon.instance(GEMMA)["stats"]["errors"] == errors, "the daemon failed a request"
-    return out, evaluated
+    return out, evaluated, log
 
 
 def claude_answered(out: subprocess.CompletedProcess) -> bool:
@@ -125,12 +138,12 @@ def test_launch_print_says_what_it_sets(daemon: DaemonProc) -> None:
 def test_claude_code_tools_reach_the_model_and_the_prefix_is_reused(daemon: DaemonProc, tmp_path: Path) -> None:
     # Two sessions of one user in one project (same HOME and directory), with different prompts.
     home = tmp_path / "claude"
-    _, first = run_agent(daemon, "claude", ["-p", "Say hello in one word.", "--output-format", "json"], home,
+    _, first, _ = run_agent(daemon, "claude", ["-p", "Say hello in one word.", "--output-format", "json"], home,
                          ok=claude_answered)
     # The system prompt plus ~21 tool schemas: far more than a tool-less prompt (~3k, as the issue saw).
     assert first[0] > 10_000, f"only {first[0]} prompt tokens reached the model: tools dropped?"
     # A second session with another prompt re-evaluates only its tail (billing header stripped).
-    _, second = run_agent(daemon, "claude", ["-p", "Name one colour.", "--output-format", "json"], home,
+    _, second, _ = run_agent(daemon, "claude", ["-p", "Name one colour.", "--output-format", "json"], home,
                           ok=claude_answered)
     # Its first request evaluates only what differs from the first session's (the prompt and after).
     assert second[0] <= first[0] // 10, f"second session evaluated {second[0]} of {first[0]} prompt tokens again"
@@ -141,7 +154,9 @@ def test_codex_exec(daemon: DaemonProc, tmp_path: Path) -> None:
 
 
 def test_opencode_run(daemon: DaemonProc, tmp_path: Path) -> None:
-    run_agent(daemon, "opencode", ["run", "Say hello in one word."], tmp_path / "opencode")
+    _, evaluated, log = run_agent(daemon, "opencode", ["run", "Say hello in one word."], tmp_path / "opencode")
+    # opencode sends its title request and its main request at once: both answered, side by side.
+    assert len(evaluated) >= 2 and most_at_once(log) >= 2, log[-3000:]
 
 
 # ------------------------------------------------------------------ client libraries: forced tool calls
