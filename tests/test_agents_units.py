@@ -172,3 +172,11 @@ def test_a_named_tool_choice_becomes_required_over_that_tool() -> None:
     unknown = {"messages": [], "max_tokens": 5, "tools": tools,
                "tool_choice": {"type": "function", "function": {"name": "zzz"}}}
     assert normalise("/v1/chat/completions", unknown) is None
+
+
+def test_the_agents_setup_installs_the_pinned_versions() -> None:
+    from bostudio.agents import PINNED
+
+    script = (Path(__file__).resolve().parent.parent / "scripts" / "setup_agents.sh").read_text()
+    for pkg, version in PINNED.values():
+        assert f'"{pkg}@{version}"' in script
