@@ -47,10 +47,16 @@ def prepare(agent: str, model: str | None, ctx: int | None = None, host: str = "
     rec = start_background(DaemonOptions(host=host, port=port or DEFAULT_PORT))
     with DaemonClient(rec.url) as client:
         loaded = {i["model"]: i for i in client.instances()}.get(model)
-        if loaded is not None and loaded.get("state") == "ready" and (ctx is None or loaded["ctx"] == ctx):
+        want = ctx or planned_ctx(model)
+        # A model already loaded with less context (e.g. the daemon's default 4096 from an earlier
+        # request) is loaded again with the planned one; one with as much or more is used as it is.
+        if loaded is not None and loaded.get("state") == "ready" and \
+                (loaded["ctx"] == want if ctx is not None else loaded["ctx"] >= want):
             inst = loaded
         else:
-            inst = client.start(model, ctx=ctx or planned_ctx(model))
+            inst = client.start(model, ctx=want)
+            if inst["ctx"] != want:  # it kept running with its old context: load it again with the new one
+                inst = client.restart(model)
     n_ctx = int(inst["ctx"])
     out = max(16, min(max_output, n_ctx // 2)) if max_output else max_output_for(n_ctx)
     target = AgentTarget(rec.url, read_token(), inst["model"], n_ctx, out)
