@@ -171,7 +171,8 @@ def test_openai_chat_forced_tool_call_and_its_result(daemon: DaemonProc) -> None
         calls = r.choices[0].message.tool_calls
         assert calls and calls[0].function.name == "get_weather"
         json.loads(calls[0].function.arguments)  # arguments are JSON (grammar-constrained)
-    follow = messages + [r.choices[0].message.model_dump(exclude_none=True),
+    # The first call goes back with its result (the last of several calls may be cut by max_tokens).
+    follow = messages + [{"role": "assistant", "content": None, "tool_calls": [calls[0].model_dump()]},
                          {"role": "tool", "tool_call_id": calls[0].id, "content": "sunny, 21 C"}]
     r2 = oai.chat.completions.create(model=GEMMA, messages=follow, tools=tools, max_tokens=20)
     assert r2.choices[0].finish_reason in ("stop", "length", "tool_calls")
