@@ -34,7 +34,9 @@ HANG_GUARD_S = 900
 MAX_OUTPUT = 200
 PROMPT_EVAL = re.compile(r"prompt eval time =\s*[\d.]+ ms /\s*(\d+) tokens")
 WEATHER = {"name": "get_weather", "description": "Get the current weather in a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+           # bounded, so the grammar-constrained first call always ends within the tests' max_tokens
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
+                          "required": ["city"], "additionalProperties": False}}
 
 
 @pytest.fixture(scope="module")
