@@ -279,13 +279,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         _print_json(dict(plan_json(p), speculation=speculator.label, reason=speculator.reason,
                          draft=str(speculator.draft) if speculator.draft else None, workload=workload,
                          ctx=decision.ctx, layout=decision.layout.to_json(), argv=argv, fits=refused is None,
-                         not_fit_reason=refused or ""))
+                         not_fit_reason=refused or "", chat_template=decision.template_json()))
     else:
         from bostudio.display import terminal_print
 
         terminal_print(render_plan(p))  # file names and GGUF strings inside: never raw to the terminal
         terminal_print(f"speculator: {speculator.label} ({speculator.reason})")
         terminal_print(f"slots: {decision.layout.line()}")
+        terminal_print(f"chat template: {decision.template_label()}")
         if refused is not None:
             terminal_print(f"does not launch: {refused}")
         terminal_print("runs: " + " ".join(_quote(a) for a in argv))
@@ -424,6 +425,7 @@ def cmd_up_daemon(args: argparse.Namespace) -> int:
     from bostudio.daemon import DEFAULT_PORT
     from bostudio.daemon.client import DaemonClient
     from bostudio.daemon.service import DaemonOptions, start_background
+    from bostudio.display import escape_untrusted
 
     extra = ["--engine", args.engine] if args.engine else []
     extra += ["--rpc", args.rpc] if args.rpc else []
@@ -442,6 +444,8 @@ def cmd_up_daemon(args: argparse.Namespace) -> int:
     print(f"  model           : {inst['model']}")
     print(f"  speculation     : {inst['speculation']} - {status.get('detail', 'unknown')}")
     print(f"  why             : {inst['speculation_reason']}")
+    if inst.get("chat_template"):  # issue21
+        print("  chat template   : " + escape_untrusted(inst["chat_template"]["label"]))
     print(f"  log             : {inst['log']}")
     print(f"It keeps running in the daemon: `bostudio ps` lists it, `bostudio stop {inst['model']}` stops it.")
     return 0
@@ -601,6 +605,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
               f"{_fmt(r['speculation'])[:14]:14} {_fmt(st.get('decode_tok_s_avg'), '.1f'):>6} "
               f"{'-' if rate is None else format(100 * rate, '.0f') + '%':>6} "
               f"{_fmt(st.get('mean_accepted_length'), '.2f'):>8} {st['requests']:>5} {_prompts(r.get('prompts')):>16}")
+        if r.get("chat_template", {}).get("is_fallback"):  # issue21
+            print(f"  chat template: {r['chat_template']['label']}")
         retry = r.get("retry")
         if retry:
             when = "" if retry.get("in_s") is None else f" (in {retry['in_s']:.0f} s)"
@@ -1004,6 +1010,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from bostudio.cli_bench import add_parsers
     add_parsers(sub)
+    from bostudio.cli_launch import add_launch_parser  # issue21: bostudio launch AGENT
+    add_launch_parser(sub)
     return parser
 
 

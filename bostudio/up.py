@@ -13,6 +13,7 @@ from bostudio.engine.argv import LaunchSpec
 from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import ConfigError, ServerError
 from bostudio.gguf import describe
+from bostudio.gguf.template import TemplateChoice
 from bostudio.launch import Decision, LaunchIntent, gather_and_decide
 from bostudio.pairing.fetch import interactive_ask, resolve_pull_policy
 from bostudio.planner import Plan
@@ -77,6 +78,15 @@ def prepare_launch(opts: UpOptions, note=print) -> Prepared:  # type: ignore[no-
     return Prepared(engine, launch, decision.plan, argv, decision)
 
 
+def template_line(choice: TemplateChoice | None) -> str:
+    """The summary's chat-template line; a GGUF without a template is most likely a base model."""
+    line = "  chat template   : " + (choice.label if choice else "the GGUF's own")
+    if choice is not None and choice.reason.startswith("the GGUF has no chat template"):
+        line += ("\n  note            : no chat template usually means a base (not instruction-tuned) model: "
+                 "it continues text rather than following instructions")
+    return line
+
+
 def worker_pool(engine: Engine, workers: tuple[Worker, ...], note=print) -> Pool:  # type: ignore[no-untyped-def]
     """`workers` probed through `engine`; a worker that cannot be used is one line through `note`,
     and the launch goes on without it."""
@@ -116,6 +126,7 @@ def run_up(opts: UpOptions, out=sys.stdout) -> int:
         say(f"  why             : {speculator.reason}")
         say(f"  memory plan     : {plan.chosen.n_ctx} tokens of context; {plan.why}")
         say(f"  slots           : {prep.decision.layout.line()}")
+        say(template_line(prep.launch.chat_template))
         if prep.launch.rpc or plan.chosen.split or plan.chosen.draft_device:
             if prep.launch.rpc:
                 say(f"  rpc workers     : {prep.launch.rpc}")

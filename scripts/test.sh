@@ -4,4 +4,5 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$ROOT"
+bash "$ROOT/scripts/setup_agents.sh"  # the coding agents the agent tests run (pinned, npm, .agents/)
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"

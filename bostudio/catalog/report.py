@@ -6,6 +6,7 @@ from __future__ import annotations
 from bostudio.catalog.index import CatalogEntry
 from bostudio.display import escape_untrusted, human_bytes
 from bostudio.gguf import ModelInfo
+from bostudio.gguf.template import template_for
 
 
 def speculation_marks(info: ModelInfo) -> str:
@@ -82,6 +83,7 @@ def model_details(info: ModelInfo, name: str | None = None) -> list[str]:
                                         if info.chat_template_names else "")
                               + "; `--template` prints it (escaped, never rendered)")
                              if info.has_chat_template else "none"),
+        "served with:   " + e(template_for(info).label),  # issue21: the template llama-server gets
     ]
     return lines
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bostudio.errors import RequestError
+from bostudio.gguf.template import TemplateChoice, choose_template
 
 # llama.cpp's enum llama_pooling_type (include/llama.h) as stored in `{arch}.pooling_type`.
 POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
@@ -40,6 +41,7 @@ class ModelCaps:
     kind: str  # chat | embedding | rerank
     pooling: str | None  # llama.cpp pooling name from the header, None when absent
     fim: bool  # has FIM prefix, suffix and middle tokens
+    template: TemplateChoice = TemplateChoice("gguf")  # the chat template it is served with (gguf/template.py)
 
     def launch_args(self) -> tuple[str, ...]:
         """llama-server flags this kind of model needs (embeddings are off by default)."""
@@ -48,6 +50,16 @@ class ModelCaps:
         if self.kind == "embedding":
             return ("--embeddings",) + (("--pooling", self.pooling) if self.pooling not in (None, "none") else ())
         return ()
+
+    def tool_refusal(self, body: dict, model: str) -> RequestError | None:
+        """Why `model` cannot take the tools of a request (HTTP 400), or None: tools are refused,
+        never dropped, when its chat template cannot render them."""
+        if not body.get("tools") or self.template.renders_tools:
+            return None
+        return RequestError(f"{model}'s chat template ({self.template.label}) cannot render tools, so the "
+                            "request's tools would never reach the model",
+                            "send the request without tools, or use a model whose GGUF has a tool-capable chat "
+                            "template (`bostudio show MODEL --template`)")
 
     def refusal(self, route: str, model: str) -> RequestError | None:
         """Why `model` cannot serve `route` (HTTP 400), or None."""
@@ -91,7 +103,7 @@ def caps_from_header(header) -> ModelCaps:
         if tokens is not None:
             texts = set(tokens.read_strings())
             fim = all(texts & FIM_TEXTS[part] for part in FIM_TEXTS)
-    return ModelCaps(kind, pooling, fim)
+    return ModelCaps(kind, pooling, fim, choose_template(arch, header.str_value("tokenizer.chat_template"), kind))
 
 
 _CACHE: dict[tuple[str, int, int], ModelCaps] = {}

@@ -28,7 +28,7 @@ from bostudio.daemon.supervisor import RESIDENT_STATES, Supervisor
 from bostudio.errors import BostudioError, ModelError
 
 # The Ollama API version this emulates (clients check it before using newer fields).
-OLLAMA_VERSION = "0.12.0"
+OLLAMA_VERSION = "0.13.5"  # codex --oss requires >= 0.13.4
 SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
             "typical_p": "typical_p", "seed": "seed", "num_predict": "max_tokens", "stop": "stop",
             "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",

@@ -55,6 +55,7 @@ def plan_for(sup: Supervisor, model: str, ctx: int | None = None, cache_type: st
         "bars": option_bars(o),
         "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes} for u in o.uses],
         "budget_bytes": sup.budget(), "argv": argv, "would_fit": [],
+        "chat_template": decision.template_json(),  # the template it is served with (gguf/template.py)
         # with RPC workers: where each part lives and why, and the workers that could not be used
         "placement": placement_lines(planned) if pool.devices else [], "rpc_problems": list(pool.problems)}
     if refused is not None:  # what would make it fit, one change at a time (the planner's answer)

@@ -20,9 +20,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from bostudio.daemon import admission, record
 from bostudio.daemon.capabilities import GENERATE, model_caps
 from bostudio.daemon.guard import check_request
+from bostudio.daemon.normalise import normalise
 from bostudio.daemon.stats import timings_from_body, timings_from_sse
 from bostudio.daemon.supervisor import Instance, Supervisor
 from bostudio.errors import BostudioError, ConfigError, ModelError, RequestError, ServerError
+from bostudio.gguf import describe
 from bostudio.runtime import passthrough
 
 log = logging.getLogger("bostudio.daemon")
@@ -33,6 +35,9 @@ DROP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive
                 "access-control-allow-headers"}
 GENERATING = GENERATE | {"/completion", "/completions"}  # the routes admission reserves KV room for
 QUEUE_TIMEOUT = 600.0  # seconds a request may wait for room in a busy child's KV pool
+# Routes whose requests can carry tools (llama-server renders them with the chat template).
+TOOL_ROUTES = frozenset({"/v1/chat/completions", "/v1/messages", "/v1/responses", "/v1/messages/count_tokens",
+                         "/v1/responses/input_tokens", "/v1/chat/completions/input_tokens", "/apply-template"})
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MAX_BODY = 64 << 20  # a 128k-token prompt with base64 images fits; more is refused (413)
 PARSED_KEY = "bostudio.json"  # ASGI scope key: (raw, parsed JSON) of a body daemon/limits.BodyLimits read
@@ -125,6 +130,14 @@ class Router:
         self.queue_timeout = queue_timeout
         self._held: dict[int, tuple[admission.Admission, int]] = {}  # id(upstream) -> its KV reservation
 
+    def context_of(self, name: str) -> int:
+        """The context `name` runs (or will run) with: the running child's, else its config's, else the
+        trained context (the launch plan's ceiling). Blocking (a GGUF header): call it off the loop."""
+        inst = self.sup.instances.get(name)
+        ctx = inst.plan.get("ctx") if inst is not None and inst.plan else None
+        cfg = self.sup.config_for(name)
+        return int(ctx or cfg.ctx or describe(cfg.path).n_ctx_train or 4096)
+
     async def read_json(self, request: Request, api: str) -> tuple[bytes, dict]:
         """The body (bounded) and its JSON object. Raises Reject. Behind BodyLimits (the daemon's
         app) the body was read, bounded and parsed off the event loop already."""
@@ -161,7 +174,8 @@ class Router:
         try:
             name = check_request(body)
             cfg = self.sup.config_for(name)
-            refusal = (await asyncio.to_thread(model_caps, cfg.path)).refusal(route, name)
+            caps = await asyncio.to_thread(model_caps, cfg.path)
+            refusal = caps.refusal(route, name) or (caps.tool_refusal(body, name) if route in TOOL_ROUTES else None)
         except BostudioError as exc:
             raise Reject(error_response(exc, api))
         except OSError as exc:
@@ -299,6 +313,11 @@ class Router:
         try:
             raw, body = await self.read_json(request, api)
             name = await self.admit(body, path, api)
+            cfg = self.sup.config_for(name)
+            changed = normalise(path, body, (await asyncio.to_thread(model_caps, cfg.path)).template.call_prefill,
+                                output_limit=max(256, await asyncio.to_thread(self.context_of, name) // 4))
+            if changed is not None:  # billing header stripped, forced call opened, output limited (normalise.py)
+                raw, body = json.dumps(changed).encode(), changed
             inst, upstream = await self.open(name, path, raw, api, body, request)
         except Reject as r:
             return r.response

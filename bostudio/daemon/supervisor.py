@@ -143,6 +143,14 @@ def decide_child(info: ModelInfo, engine: Engine, spec_mode: str, ctx: int | Non
     return decide(child_inputs(info, engine, spec_mode, ctx, cache_type, **kw))
 
 
+def _template_json(path: Path) -> dict | None:
+    """The chat template the model is served with (gguf/template.py), None when unreadable."""
+    try:
+        return model_caps(path).template.to_json()
+    except (OSError, BostudioError):
+        return None
+
+
 def fallback_speculator(info: ModelInfo, engine: Engine, workload: str | None, why: str) -> Speculator:
     """After acceptance fell below break-even under auto: the profile's best configuration of another kind
     that beat off, else no speculation."""
@@ -240,6 +248,7 @@ class Instance:
             "stats": self.stats.to_json(), "log": str(self.log_path),
             "retry": self.retry_json(), "prompts": self.prompts,
             "workload": self.cfg.workload, "spec_check": self.spec_check,
+            "chat_template": _template_json(self.cfg.path),  # issue21: which template, fallback or not
             "spec_flagged": bool(self.spec_check and self.spec_check["state"] == "below"),
             "break_even_source": self.break_even_source,
             "auto_off": ({"workload": self.cfg.auto_off, "reason": self.cfg.auto_off_reason}

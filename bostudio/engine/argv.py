@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bostudio.errors import EngineError
+from bostudio.gguf.template import TemplateChoice
 from bostudio.speculation import Speculator
 
 
@@ -22,6 +23,7 @@ class LaunchSpec:
     metrics: bool = True
     verbosity: int | None = None  # -lv; 4 shows memory sizes and spec statistics
     extra_args: tuple[str, ...] = ()  # planner-chosen args (-ngl, -ctk, ...), checked like the rest
+    chat_template: TemplateChoice | None = None  # None or the GGUF's own: no template flags (gguf/template.py)
     rpc: str | None = None  # RPC workers, HOST:PORT,... (their devices are RPC0.. in -dev/-ts/-devd)
 
 
@@ -58,6 +60,8 @@ def build_argv(server: Path, flags: frozenset[str], spec: LaunchSpec) -> list[st
             argv += ["-ctvd", sp.cache_type_v_draft]
         for variant, name, value in sp.ngram_params:
             argv += [f"--spec-{variant}-{name.replace('_', '-')}", str(value)]
+    if spec.chat_template is not None:
+        argv += list(spec.chat_template.argv())
     argv += list(spec.extra_args)
     used = [a for a in argv[1:] if a.startswith("-") and not _is_number(a)]
     missing = sorted({a for a in used if a not in flags})

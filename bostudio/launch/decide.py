@@ -20,6 +20,7 @@ from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.engine.discover import Engine
 from bostudio.errors import PlanError
 from bostudio.gguf import ModelInfo
+from bostudio.gguf.template import TemplateChoice, template_for
 from bostudio.hardware import Device
 from bostudio.planner import Intent, Plan, plan
 from bostudio.planner.fit import DEFAULT_MIN_CTX
@@ -140,6 +141,18 @@ class Decision:
         return Layout(n, self.ctx, self.ctx)
 
     @property
+    def template(self) -> TemplateChoice | None:
+        """The chat template llama-server gets (bostudio.gguf.template): the GGUF's own, a tool-capable
+        one bostudio ships, or a built-in by name; None for models that generate nothing."""
+        return template_for(self.inputs.info) if self.inputs.intent.generates else None
+
+    def template_json(self) -> dict | None:
+        return self.template.to_json() if self.template is not None else None
+
+    def template_label(self) -> str:
+        return self.template.label if self.template is not None else "none (the model generates nothing)"
+
+    @property
     def prompt_reuse(self) -> bool:
         return self.plan.intent.prompt_cache
 
@@ -164,7 +177,8 @@ class Decision:
         if verbosity is None and self.rpc:
             verbosity = 4  # -lv 4 logs each device's buffers
         return LaunchSpec(model=model or self.inputs.info.path, alias=alias, port=port, host=host, ctx=self.ctx,
-                          speculator=sp, api_key=api_key, extra_args=extra, rpc=self.rpc, verbosity=verbosity)
+                          speculator=sp, api_key=api_key, extra_args=extra, rpc=self.rpc, verbosity=verbosity,
+                          chat_template=self.template)
 
     def argv(self, *, port: int, alias: str, host: str = "127.0.0.1", api_key: str | None = None,
              slot_dir: Path | None = None, speculator: Speculator | None = None) -> list[str]:

@@ -485,6 +485,8 @@ class PlanScreen(BaseScreen):
         if p.get("cost_line"):
             lines.append(f"trade-off: {safe(p['cost_line'])}")
         lines.append(f"why: {safe(p.get('why', ''))}")
+        if (p.get("chat_template") or {}).get("label"):  # issue21
+            lines.append(f"chat template: {safe(p['chat_template']['label'])}")
         lines += [f"  {safe(line)}" for line in p.get("placement", [])]  # with RPC workers: where each part lives
         lines += [f"  [yellow]{safe(problem)}[/]" for problem in p.get("rpc_problems", [])]
         if not p.get("fits"):
@@ -597,6 +599,8 @@ class RunningScreen(BaseScreen):
                  + (f" in {inst['ready_s']:.1f} s" if inst.get("state") == "ready" and inst.get("ready_s") else "")
                  + f", memory {size(plan.get('bytes'))} planned (ctx {inst.get('ctx')}, KV {safe(inst.get('cache_type', 'f16'))})",
                  f"speculation {safe(inst.get('speculation') or '-')}: {safe(status.get('detail', 'not verified yet'))}"]
+        if (inst.get("chat_template") or {}).get("label"):  # issue21: which template, fallback or not
+            lines.append(f"chat template {safe(inst['chat_template']['label'])}")
         if inst.get("error"):
             err = inst["error"]
             lines.append(f"[red]failed:[/] {safe(err.get('message', err))}" + (f" - {safe(err['hint'])}" if err.get("hint") else ""))

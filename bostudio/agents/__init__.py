@@ -1,0 +1,147 @@
+"""`bostudio launch AGENT`: each coding agent's configuration for the daemon. Pure: a function of the
+daemon's URL and token, the model's name, its real context window and its output limit, and of the
+directory bostudio owns for the agent's generated files. Nothing here touches the user's own files:
+Claude Code gets environment variables, Codex a CODEX_HOME of bostudio's, opencode an OPENCODE_CONFIG
+of bostudio's (its own config still loads; ours adds a provider)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# The versions bostudio is tested with (scripts/setup_agents.sh installs exactly these).
+PINNED = {"claude": ("@anthropic-ai/claude-code", "2.1.332"), "codex": ("@openai/codex", "0.171.0"),
+          "opencode": ("opencode-ai", "1.18.33")}
+BINARIES = {"claude": "claude", "codex": "codex", "opencode": "opencode"}
+# Telemetry and non-essential traffic off for every agent.
+COMMON_ENV = {"DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1"}
+
+
+@dataclass(frozen=True)
+class AgentTarget:
+    url: str  # the daemon's base URL, without /v1
+    token: str | None  # the daemon's token (None: the daemon needs none; a placeholder is sent)
+    model: str
+    ctx: int  # the model's real context window, as the daemon runs it
+    max_output: int  # the output limit the agent may ask for
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    agent: str
+    binary: str
+    npm_package: str  # PKG@VERSION
+    env: dict[str, str]
+    files: dict[str, str] = field(default_factory=dict)  # absolute path -> content (bostudio-owned)
+    args: tuple[str, ...] = ()  # argv after the binary, before the user's arguments
+
+    def to_json(self) -> dict:
+        return {"agent": self.agent, "binary": self.binary, "npm_package": self.npm_package,
+                "install": f"npm install -g {self.npm_package}", "env": dict(self.env), "files": dict(self.files),
+                "args": list(self.args)}
+
+
+def max_output_for(ctx: int) -> int:
+    """The output limit the agent gets: a quarter of the window, at most 32k, so the prompt keeps the rest."""
+    return max(256, min(32768, ctx // 4))
+
+
+def _key(target: AgentTarget) -> str:
+    return target.token or "bostudio"
+
+
+def claude_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
+    """Claude Code: environment only (Anthropic Messages API at the daemon)."""
+    env = {
+        **COMMON_ENV,
+        "ANTHROPIC_BASE_URL": target.url,
+        "ANTHROPIC_AUTH_TOKEN": _key(target),
+        "ANTHROPIC_MODEL": target.model,
+        "ANTHROPIC_SMALL_FAST_MODEL": target.model,
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": target.model,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": target.model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": target.model,
+        "CLAUDE_CODE_SUBAGENT_MODEL": target.model,
+        # the volatile billing block would defeat the prompt cache (the daemon strips it too)
+        "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        # the real window of an unknown model; ask for no more output than fits
+        "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(target.ctx),
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(target.max_output),
+    }
+    if target.ctx >= 100_000:  # Claude Code reads a smaller auto-compact window as its 100k minimum (2.1)
+        env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] = str(target.ctx)
+    pkg, ver = PINNED["claude"]
+    return AgentConfig("claude", BINARIES["claude"], f"{pkg}@{ver}", env)
+
+
+def codex_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
+    """Codex: a CODEX_HOME owned by bostudio with a `bostudio` provider speaking the Responses API. (Codex
+    0.171 ignores `model_max_output_tokens` and sends no output limit.)"""
+    home = config_dir / "codex"
+    toml = "\n".join([
+        "# Written by `bostudio launch codex`; regenerated on every launch.",
+        'model_provider = "bostudio"',
+        f"model = {json.dumps(target.model)}",
+        f"model_context_window = {target.ctx}",
+        f"model_auto_compact_token_limit = {target.ctx * 9 // 10}",
+        'approval_policy = "on-request"',
+        "check_for_update_on_startup = false",
+        "",
+        "[analytics]",
+        "enabled = false",
+        "",
+        "[otel]",
+        'exporter = "none"',
+        "log_user_prompt = false",
+        "",
+        "[model_providers.bostudio]",
+        'name = "bostudio"',
+        f"base_url = {json.dumps(target.url + '/v1')}",
+        'env_key = "BOSTUDIO_API_KEY"',
+        'wire_api = "responses"',
+        "request_max_retries = 1",
+        "stream_max_retries = 1",
+        "",
+    ])
+    pkg, ver = PINNED["codex"]
+    return AgentConfig("codex", BINARIES["codex"], f"{pkg}@{ver}",
+                       {**COMMON_ENV, "CODEX_HOME": str(home), "BOSTUDIO_API_KEY": _key(target)},
+                       {str(home / "config.toml"): toml})
+
+
+def opencode_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
+    """opencode: OPENCODE_CONFIG naming a bostudio-owned file with an OpenAI-compatible provider."""
+    path = config_dir / "opencode" / "opencode.json"
+    cfg = {
+        "$schema": "https://opencode.ai/config.json",
+        "model": f"bostudio/{target.model}",
+        "small_model": f"bostudio/{target.model}",
+        "share": "disabled",
+        "autoupdate": False,
+        "provider": {"bostudio": {
+            "npm": "@ai-sdk/openai-compatible",
+            "name": "bostudio",
+            "options": {"baseURL": target.url + "/v1", "apiKey": _key(target)},
+            "models": {target.model: {"name": target.model, "tool_call": True,
+                                      "limit": {"context": target.ctx, "output": target.max_output}}},
+        }},
+    }
+    pkg, ver = PINNED["opencode"]
+    env = {**COMMON_ENV, "OPENCODE_CONFIG": str(path), "OPENCODE_DISABLE_AUTOUPDATE": "1",
+           "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1"}
+    return AgentConfig("opencode", BINARIES["opencode"], f"{pkg}@{ver}", env,
+                       {str(path): json.dumps(cfg, indent=2) + "\n"})
+
+
+CONFIGURE = {"claude": claude_config, "codex": codex_config, "opencode": opencode_config}
+AGENTS = tuple(CONFIGURE)
+
+
+def configure(agent: str, target: AgentTarget, config_dir: Path) -> AgentConfig:
+    """The configuration for `agent` (claude | codex | opencode). Raises KeyError for another name."""
+    return CONFIGURE[agent](target, config_dir)
+
+
+__all__ = ["AgentTarget", "AgentConfig", "AGENTS", "PINNED", "BINARIES", "configure", "max_output_for"]

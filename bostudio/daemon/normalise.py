@@ -1,0 +1,149 @@
+"""Request bodies made fit for the model before they are forwarded. Pure: body in, body out.
+
+- Claude Code puts a volatile `x-anthropic-billing-header: cc_version=X.Y.Z.<suffix>; ...` block first in
+  its system prompt; the suffix changes with the kind of request and the version, and wherever it changes
+  the whole ~20k-token prefix misses llama-server's prompt cache from its first token. It carries nothing
+  for a local model, so it is stripped (from `system`, a string or a list of blocks, and from any
+  `role: system` message inside `messages`).
+- A request without an output limit gets one (`output_limit`, a quarter of the model's context).
+- A named tool_choice (OpenAI chat and Responses) becomes `required` over the named tool alone: llama-server
+  reads an object tool_choice as `auto`.
+- A forced tool call (`tool_choice` required/any or one named tool) on a model served with a template
+  that has a call prefill (gguf/template.py): the assistant turn is started with the call's opening
+  marker. llama.cpp's tool grammar allows free text before the first call (common/chat-auto-parser-
+  generator.cpp, content_before_tools); a continued assistant message that already opened the call
+  leaves the grammar only the call itself, so a forced call is a call whatever the model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+BILLING_PREFIX = "x-anthropic-billing-header:"
+
+
+def _is_billing_text(text: Any) -> bool:
+    return isinstance(text, str) and text.lstrip().lower().startswith(BILLING_PREFIX)
+
+
+def _strip_billing(content: Any) -> tuple[Any, bool]:
+    """`content` (a string or a list of blocks) without the billing-header block or line."""
+    if isinstance(content, str):
+        if not _is_billing_text(content):
+            return content, False
+        _, _, rest = content.lstrip().partition("\n")
+        return rest.lstrip("\n"), True
+    if isinstance(content, list):
+        kept = [b for b in content if not (isinstance(b, dict) and b.get("type", "text") == "text"
+                                           and _is_billing_text(b.get("text")))]
+        if len(kept) != len(content):
+            return kept, True
+    return content, False
+
+
+def strip_billing_header(body: dict) -> dict | None:
+    """The Anthropic Messages body without Claude Code's billing-header block, or None when it has none."""
+    changed = False
+    out = dict(body)
+    if "system" in body:
+        out["system"], changed = _strip_billing(body["system"])
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        new_messages = []
+        for m in messages:
+            if isinstance(m, dict) and m.get("role") == "system":
+                content, did = _strip_billing(m.get("content"))
+                if did:
+                    m = dict(m, content=content)
+                    changed = True
+            new_messages.append(m)
+        out["messages"] = new_messages
+    return out if changed else None
+
+
+def forces_tool_call(api: str, body: dict) -> bool:
+    """Whether the request's tool_choice forces a call (required / any / a named tool)."""
+    if not body.get("tools"):
+        return False
+    choice = body.get("tool_choice")
+    if api == "anthropic":
+        return isinstance(choice, dict) and choice.get("type") in ("any", "tool")
+    if choice == "required":
+        return True
+    return isinstance(choice, dict) and choice.get("type") == "function"
+
+
+def prefill_forced_call(path: str, body: dict, prefill: str) -> dict | None:
+    """The body with the assistant turn opened by `prefill`, for a forced tool call on the chat
+    routes llama-server continues a final assistant message on; None when nothing changes."""
+    if not prefill:
+        return None
+    if path == "/v1/chat/completions" and isinstance(body.get("messages"), list) \
+            and forces_tool_call("openai", body):
+        return dict(body, messages=[*body["messages"], {"role": "assistant", "content": prefill}])
+    if path == "/v1/messages" and isinstance(body.get("messages"), list) and forces_tool_call("anthropic", body):
+        return dict(body, messages=[*body["messages"], {"role": "assistant", "content": prefill}])
+    if path == "/v1/responses" and forces_tool_call("openai", body):
+        items = body.get("input")
+        items = [{"role": "user", "content": items}] if isinstance(items, str) else list(items or [])
+        return dict(body, input=[*items, {"type": "message", "role": "assistant", "content": prefill}])
+    return None
+
+
+def default_output_limit(path: str, body: dict, limit: int) -> dict | None:
+    """The body with an output limit when it has none (Codex sends none): a model that never ends its
+    turn (a base model) would otherwise generate until the context is full, holding a slot for minutes."""
+    if limit <= 0:
+        return None
+    if path == "/v1/responses" and body.get("max_output_tokens") is None:
+        return dict(body, max_output_tokens=limit)
+    if path == "/v1/chat/completions" and body.get("max_tokens") is None \
+            and body.get("max_completion_tokens") is None:
+        return dict(body, max_tokens=limit)
+    return None
+
+
+def _tool_name(tool: Any) -> str | None:
+    if not isinstance(tool, dict):
+        return None
+    fn = tool.get("function")
+    return fn.get("name") if isinstance(fn, dict) else tool.get("name")
+
+
+def named_tool_choice(path: str, body: dict) -> dict | None:
+    """A named tool_choice as llama-server understands it: the named tool only, and `required`.
+    llama-server reads tool_choice as a string and takes an object for `auto` (tools/server/
+    server-common.cpp: json_value(body, "tool_choice", "auto")), so a named call would not be forced."""
+    choice = body.get("tool_choice")
+    if path not in ("/v1/chat/completions", "/v1/responses") or not isinstance(choice, dict) \
+            or choice.get("type") != "function" or not isinstance(body.get("tools"), list):
+        return None
+    fn = choice.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else choice.get("name")
+    tools = [t for t in body["tools"] if _tool_name(t) == name]
+    if not isinstance(name, str) or not tools:
+        return None  # llama-server answers an unknown name itself
+    return dict(body, tools=tools, tool_choice="required")
+
+
+def normalise(path: str, body: dict, call_prefill: str = "", output_limit: int = 0) -> dict | None:
+    """The body to forward instead of the client's, or None to forward it unchanged."""
+    out = body
+    changed = False
+    limited = default_output_limit(path, out, output_limit)
+    if limited is not None:
+        out, changed = limited, True
+    named = named_tool_choice(path, out)
+    if named is not None:
+        out, changed = named, True
+    if path.startswith("/v1/messages"):
+        stripped = strip_billing_header(out)
+        if stripped is not None:
+            out, changed = stripped, True
+    forced = prefill_forced_call(path, out, call_prefill)
+    if forced is not None:
+        out, changed = forced, True
+    return out if changed else None
+
+
+__all__ = ["normalise", "default_output_limit", "named_tool_choice", "strip_billing_header", "prefill_forced_call", "forces_tool_call", "BILLING_PREFIX"]

@@ -1,0 +1,182 @@
+"""Pure parts of the agent path: the chat-template choice per architecture, request normalisation
+(billing header, forced tool calls), each agent's configuration, and the argv the template adds."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from bostudio.agents import AgentTarget, configure, max_output_for
+from bostudio.daemon.capabilities import ModelCaps
+from bostudio.daemon.normalise import normalise, strip_billing_header
+from bostudio.engine.argv import LaunchSpec, build_argv
+from bostudio.gguf.template import TEMPLATES_DIR, choose_template
+
+TOOLS_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}"
+PLAIN_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
+
+
+@pytest.mark.parametrize("arch, template, source, name, fallback, tools", [
+    ("gemma3", None, "shipped", "chatml-tools.jinja", True, True),  # the embedded base model: untrained turn tokens
+    ("gemma3", PLAIN_TEMPLATE, "shipped", "gemma-tools.jinja", True, True),  # Gemma 3 IT: no tools in its own
+    ("gemma3", TOOLS_TEMPLATE, "gguf", "", False, True),
+    ("llama", TOOLS_TEMPLATE, "gguf", "", False, True),
+    ("llama", PLAIN_TEMPLATE, "gguf", "", False, False),  # its own template, tools refused
+    ("qwen2", None, "shipped", "chatml-tools.jinja", True, True),
+    ("llama", "<|im_start|>{% for m in messages %}{{ m.content }}{% endfor %}", "shipped", "chatml-tools.jinja",
+     True, True),  # SmolLM2-Instruct: ChatML without tools
+    ("phi3", None, "builtin", "phi3", True, False),
+    ("some-new-arch", None, "shipped", "chatml-tools.jinja", True, True),  # what llama-server guesses, plus tools
+])
+def test_template_choice_by_architecture(arch, template, source, name, fallback, tools) -> None:
+    c = choose_template(arch, template)
+    assert (c.source, c.name, c.is_fallback, c.renders_tools) == (source, name, fallback, tools)
+    assert ("fallback" in c.label) == fallback
+
+
+def test_template_argv_is_threaded_through_launchspec() -> None:
+    flags = frozenset({"-m", "--alias", "--host", "--port", "-c", "--metrics", "--spec-type", "--jinja",
+                       "--no-jinja", "--chat-template", "--chat-template-file"})
+    shipped = choose_template("gemma3", None)
+    argv = build_argv(Path("/x/llama-server"), flags | {"--reverse-prompt"},
+                      LaunchSpec(Path("m.gguf"), "m", 1, chat_template=shipped))
+    i = argv.index("--chat-template-file")
+    assert argv[i - 1] == "--jinja" and Path(argv[i + 1]) == TEMPLATES_DIR / "chatml-tools.jinja"
+    assert Path(argv[i + 1]).is_file()
+    assert argv[i + 2:i + 6] == ["--reverse-prompt", "<|im_end|>", "--reverse-prompt", "<|im_start|>"]
+    gemma_it = choose_template("gemma3", "<start_of_turn>{{ messages }}")
+    assert gemma_it.name == "gemma-tools.jinja" and not gemma_it.stops  # trained turn tokens: no stop needed
+    builtin = build_argv(Path("/x/llama-server"), flags,
+                         LaunchSpec(Path("m.gguf"), "m", 1, chat_template=choose_template("phi3", None)))
+    assert builtin[-3:] == ["--no-jinja", "--chat-template", "phi3"]
+    own = build_argv(Path("/x/llama-server"), flags,
+                     LaunchSpec(Path("m.gguf"), "m", 1, chat_template=choose_template("llama", TOOLS_TEMPLATE)))
+    assert "--chat-template" not in own and "--chat-template-file" not in own
+
+
+def test_tools_are_refused_not_dropped_when_the_template_cannot_render_them() -> None:
+    body = {"model": "m", "messages": [], "tools": [{"type": "function", "function": {"name": "f"}}]}
+    caps = ModelCaps("chat", None, False, choose_template("phi3", None))
+    err = caps.tool_refusal(body, "m")
+    assert err is not None and "cannot render tools" in err.message
+    assert caps.tool_refusal(dict(body, tools=[]), "m") is None
+    assert ModelCaps("chat", None, False, choose_template("gemma3", None)).tool_refusal(body, "m") is None
+    assert ModelCaps("chat", None, False, choose_template("llama", PLAIN_TEMPLATE)).tool_refusal(body, "m")
+
+
+BILLING = "x-anthropic-billing-header: cc_version=2.1.332.68e; cc_entrypoint=sdk-cli; cch=00000;"
+
+
+@pytest.mark.parametrize("system", [
+    [{"type": "text", "text": BILLING}, {"type": "text", "text": "You are Claude Code."}],
+    BILLING + "\nYou are Claude Code.",
+])
+def test_billing_header_is_stripped_from_system_and_midway_system_messages(system) -> None:
+    body = {"model": "m", "system": system, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "system", "content": [{"type": "text", "text": BILLING.replace("68e", "417")},
+                                       {"type": "text", "text": "reminder"}]}]}
+    out = normalise("/v1/messages", body)
+    assert out is not None and BILLING[:20] not in json.dumps(out)
+    assert "You are Claude Code." in json.dumps(out["system"]) and "reminder" in json.dumps(out["messages"])
+    # two sessions whose billing suffixes differ forward the same prefix
+    other = json.loads(json.dumps(body).replace("68e", "9f0").replace("417", "abc"))
+    assert normalise("/v1/messages", other) == out
+    assert strip_billing_header({"model": "m", "system": "plain", "messages": []}) is None
+    assert normalise("/v1/chat/completions", body) is None  # only the Anthropic route carries it
+
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize("path, body, forced", [
+    ("/v1/chat/completions", {"messages": [], "tools": TOOLS, "tool_choice": "required"}, True),
+    ("/v1/chat/completions", {"messages": [], "tools": TOOLS,
+                              "tool_choice": {"type": "function", "function": {"name": "f"}}}, True),
+    ("/v1/chat/completions", {"messages": [], "tools": TOOLS, "tool_choice": "auto"}, False),
+    ("/v1/chat/completions", {"messages": [], "tools": TOOLS}, False),
+    ("/v1/messages", {"messages": [], "tools": [{"name": "f"}], "tool_choice": {"type": "any"}}, True),
+    ("/v1/messages", {"messages": [], "tools": [{"name": "f"}], "tool_choice": {"type": "auto"}}, False),
+    ("/v1/responses", {"input": "hi", "tools": [{"type": "function", "name": "f"}], "tool_choice": "required"}, True),
+])
+def test_forced_tool_calls_open_the_call(path, body, forced) -> None:
+    out = normalise(path, body, "<tool_call>\n")
+    assert (out is not None) == forced
+    if forced:
+        last = (out.get("messages") or out.get("input"))[-1]
+        assert last["role"] == "assistant" and last["content"] == "<tool_call>\n"
+    plain = normalise(path, body, "")  # no prefill for templates without one
+    assert plain is None or not any(m.get("role") == "assistant" for m in plain.get("messages", []))
+
+
+TARGET = AgentTarget("http://127.0.0.1:8642", "tok", "gemma-3-270m-q4_k_m", 32768, max_output_for(32768))
+
+
+def test_claude_code_gets_environment_only(tmp_path: Path) -> None:
+    cfg = configure("claude", TARGET, tmp_path)
+    assert cfg.files == {}
+    env = cfg.env
+    assert env["ANTHROPIC_BASE_URL"] == TARGET.url and env["ANTHROPIC_AUTH_TOKEN"] == "tok"
+    assert env["ANTHROPIC_MODEL"] == env["ANTHROPIC_SMALL_FAST_MODEL"] == TARGET.model
+    assert env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0" and env["DISABLE_TELEMETRY"] == "1"
+    assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "32768"
+    assert int(env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"]) == TARGET.max_output < TARGET.ctx
+
+
+def test_codex_gets_a_provider_in_a_codex_home_of_bostudios(tmp_path: Path) -> None:
+    cfg = configure("codex", TARGET, tmp_path)
+    assert cfg.env["CODEX_HOME"] == str(tmp_path / "codex") and cfg.env["BOSTUDIO_API_KEY"] == "tok"
+    ((path, text),) = cfg.files.items()
+    assert Path(path).parent == tmp_path / "codex"
+    toml = tomllib.loads(text)
+    assert toml["model_provider"] == "bostudio" and toml["model"] == TARGET.model
+    assert toml["model_context_window"] == 32768 and toml["model_auto_compact_token_limit"] < 32768
+    prov = toml["model_providers"]["bostudio"]
+    assert prov["base_url"] == TARGET.url + "/v1" and prov["wire_api"] == "responses"
+    assert prov["env_key"] == "BOSTUDIO_API_KEY"
+
+
+def test_opencode_gets_an_openai_compatible_provider(tmp_path: Path) -> None:
+    cfg = configure("opencode", TARGET, tmp_path)
+    ((path, text),) = cfg.files.items()
+    assert cfg.env["OPENCODE_CONFIG"] == path and Path(path).is_relative_to(tmp_path)
+    data = json.loads(text)
+    prov = data["provider"]["bostudio"]
+    assert prov["npm"] == "@ai-sdk/openai-compatible"
+    assert prov["options"] == {"baseURL": TARGET.url + "/v1", "apiKey": "tok"}
+    assert prov["models"][TARGET.model]["limit"] == {"context": 32768, "output": TARGET.max_output}
+    assert data["model"] == f"bostudio/{TARGET.model}"
+
+
+def test_requests_without_an_output_limit_get_one() -> None:
+    assert normalise("/v1/responses", {"input": "hi"}, output_limit=8192)["max_output_tokens"] == 8192
+    assert normalise("/v1/chat/completions", {"messages": []}, output_limit=8192)["max_tokens"] == 8192
+    assert normalise("/v1/chat/completions", {"messages": [], "max_tokens": 5}, output_limit=8192) is None
+    assert normalise("/v1/chat/completions", {"messages": [], "max_completion_tokens": 5}, output_limit=8192) is None
+    assert normalise("/v1/responses", {"input": "hi", "max_output_tokens": 9}, output_limit=8192) is None
+
+
+def test_a_named_tool_choice_becomes_required_over_that_tool() -> None:
+    tools = [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "g"}}]
+    out = normalise("/v1/chat/completions", {"messages": [], "max_tokens": 5, "tools": tools,
+                                             "tool_choice": {"type": "function", "function": {"name": "g"}}})
+    assert out["tool_choice"] == "required" and out["tools"] == tools[1:]
+    rtools = [{"type": "function", "name": "f"}, {"type": "function", "name": "g"}]
+    out = normalise("/v1/responses", {"input": "x", "max_output_tokens": 5, "tools": rtools,
+                                      "tool_choice": {"type": "function", "name": "f"}})
+    assert out["tool_choice"] == "required" and out["tools"] == rtools[:1]
+    unknown = {"messages": [], "max_tokens": 5, "tools": tools,
+               "tool_choice": {"type": "function", "function": {"name": "zzz"}}}
+    assert normalise("/v1/chat/completions", unknown) is None
+
+
+def test_the_agents_setup_installs_the_pinned_versions() -> None:
+    from bostudio.agents import PINNED
+
+    script = (Path(__file__).resolve().parent.parent / "scripts" / "setup_agents.sh").read_text()
+    for pkg, version in PINNED.values():
+        assert f'"{pkg}@{version}"' in script
