@@ -202,7 +202,8 @@ def test_a_pooled_launch_runs_the_plans_placement_after_rpc(base: ModelInfo) -> 
     m, d = llama70b(base), llama1b(base)
     flags = frozenset({"--rpc", "-m", "--alias", "--host", "--port", "-c", "--metrics", "-lv", "--spec-type", "-md",
                        "--spec-draft-n-max", "-ngl", "-np", "-kvu", "-ctk", "-ctv", "-fit", "-fa", "-dev", "-ts",
-                       "-ot", "-ngld", "-devd", "-ctkd", "-ctvd", "--api-key"})
+                       "-ot", "-ngld", "-devd", "-ctkd", "-ctvd", "--api-key", "--jinja", "--chat-template-file",
+                       "--reverse-prompt", "--no-jinja", "--chat-template", "-t", "-tb"})
     engine = Engine(Path("/x/llama-server"), "explicit", flags=flags)
     pool = Pool(tuple(x for x in devs if x.remote), "192.168.1.20:50052,192.168.1.21:50052")
     sp = replace(draft(d), cache_type_k_draft="q8_0", cache_type_v_draft="q8_0")

@@ -143,9 +143,16 @@ class Router:
         app) the body was read, bounded and parsed off the event loop already."""
         if PARSED_KEY in request.scope:
             raw, body = request.scope[PARSED_KEY]
-            if not isinstance(body, dict):
-                raise Reject(api_error(api, 400, "the request body must be a JSON object", "invalid_request_error"))
-            return raw, body
+        else:
+            raw, body = await self._read_body(request, api)
+        if not isinstance(body, dict):
+            raise Reject(api_error(api, 400, "the request body must be a JSON object", "invalid_request_error"))
+        recorder = record.active()  # `daemon --record DIR`: saved in the order received
+        if recorder is not None:
+            await recorder.save(request.url.path, dict(request.headers), body)
+        return bytes(raw), body
+
+    async def _read_body(self, request: Request, api: str) -> tuple[bytes, object]:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body:
             raise Reject(self.too_large(api))
@@ -155,15 +162,9 @@ class Router:
             if len(raw) > self.max_body:
                 raise Reject(self.too_large(api))
         try:
-            body = json.loads(raw)
+            return bytes(raw), json.loads(raw)
         except (ValueError, RecursionError):
             raise Reject(api_error(api, 400, "the request body is not JSON", "invalid_request_error"))
-        if not isinstance(body, dict):
-            raise Reject(api_error(api, 400, "the request body must be a JSON object", "invalid_request_error"))
-        recorder = record.active()  # `daemon --record DIR`: saved in the order received
-        if recorder is not None:
-            await recorder.save(request.url.path, dict(request.headers), body)
-        return bytes(raw), body
 
     def too_large(self, api: str) -> JSONResponse:
         return api_error(api, 413, f"the request body is larger than {self.max_body / (1 << 20):g} MiB",
