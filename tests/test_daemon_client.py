@@ -12,8 +12,9 @@ import httpx
 import pytest
 from starlette.routing import Match
 
-from bostudio.daemon.app import DaemonInfo, build_app
+from bostudio.daemon.app import build_app
 from bostudio.daemon.client import ROUTES, AsyncDaemonClient, DaemonClient
+from bostudio.daemon.routes.control import DaemonInfo
 from bostudio.daemon.security import allowed_hosts
 from bostudio.daemon.supervisor import SupervisorOptions
 from bostudio.errors import DaemonError
