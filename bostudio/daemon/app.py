@@ -1,5 +1,6 @@
 """The daemon's ASGI app: the OpenAI-compatible router under /v1 and the control API under /bostudio.
-FastAPI gives the OpenAPI schema (GET /openapi.json); streams pass through unbuffered."""
+FastAPI gives the OpenAPI schema (GET /openapi.json); streams pass through unbuffered. The routes live per
+API family in daemon/routes/ and daemon/ollama.py; here: the lifespan, the error handlers, the middleware."""
 
 from __future__ import annotations
 
