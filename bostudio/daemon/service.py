@@ -59,7 +59,8 @@ def run_daemon(opts: DaemonOptions) -> int:
     """Serve in the foreground until SIGINT/SIGTERM; every instance is stopped on the way out."""
     import uvicorn
 
-    from bostudio.daemon.app import DaemonInfo, build_app
+    from bostudio.daemon.app import build_app
+    from bostudio.daemon.routes.control import DaemonInfo
 
     token = read_token()
     check_bind(opts.host, token)
