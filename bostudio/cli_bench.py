@@ -136,6 +136,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_session_options(p) -> None:  # type: ignore[no-untyped-def]
+    """The shipped agent session's size (bench and tune)."""
+    p.add_argument("--prefix-tokens", type=int, default=18000, metavar="N",
+                   help="agent: the shipped session's system prompt and tools, in tokens (default 18000)")
+    p.add_argument("--session-turns", type=int, default=12, metavar="N",
+                   help="agent: the shipped session's turns (default 12)")
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure speculation side by side: tok/s, speed-up, acceptance",
                        description="Run the same prompts with speculation off and with each speculator, on the "
@@ -151,10 +159,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "or agent sessions, turn by turn: `agent` (the shipped session: a system prompt and tool "
                         "schemas of --prefix-tokens, then --session-turns turns of tool calls and edits on "
                         "bostudio's own source) or a DIR recorded with `bostudio daemon --record DIR`")
-    p.add_argument("--prefix-tokens", type=int, default=18000, metavar="N",
-                   help="agent: the shipped session's system prompt and tools, in tokens (default 18000)")
-    p.add_argument("--session-turns", type=int, default=12, metavar="N",
-                   help="agent: the shipped session's turns (default 12)")
+    _add_session_options(p)
     p.add_argument("--load", type=int, default=0, metavar="N",
                    help="also measure beside N busy processes (CPU-bound loops in their own process group, paused "
                         "for the samples taken alone, killed at the end): each sample alone and beside the load")
@@ -202,10 +207,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="code | edit | chat | a prompt FILE; one profile each (default: code); or `agent` / a "
                         "recorded session DIR: tune on whole sessions (a pass = the session replayed turn by "
                         "turn beside off; ranked by session wall time), profile `agent` / the DIR's name")
-    p.add_argument("--prefix-tokens", type=int, default=18000, metavar="N",
-                   help="agent: the shipped session's system prompt and tools, in tokens (default 18000)")
-    p.add_argument("--session-turns", type=int, default=12, metavar="N",
-                   help="agent: the shipped session's turns (default 12)")
+    _add_session_options(p)
     p.add_argument("--budget-s", type=float, default=600.0, metavar="S",
                    help="time for the whole sweep, split between the workloads (default 600); a bound: each "
                         "round (and for sessions each pass) is estimated from what was measured and not started "
