@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bostudio.agents import AgentTarget, configure, max_output_for
+from bostudio.agents import LOCAL_TIMEOUT_MS, AgentTarget, configure, max_output_for
 from bostudio.daemon.capabilities import ModelCaps
 from bostudio.daemon.normalise import normalise, strip_billing_header
 from bostudio.engine.argv import LaunchSpec, build_argv
@@ -125,6 +125,7 @@ def test_claude_code_gets_environment_only(tmp_path: Path) -> None:
     assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
     assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "32768"
     assert int(env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"]) == TARGET.max_output < TARGET.ctx
+    assert int(env["API_TIMEOUT_MS"]) == LOCAL_TIMEOUT_MS  # a local prefill outlasts the cloud default
 
 
 def test_codex_gets_a_provider_in_a_codex_home_of_bostudios(tmp_path: Path) -> None:
@@ -138,6 +139,7 @@ def test_codex_gets_a_provider_in_a_codex_home_of_bostudios(tmp_path: Path) -> N
     prov = toml["model_providers"]["bostudio"]
     assert prov["base_url"] == TARGET.url + "/v1" and prov["wire_api"] == "responses"
     assert prov["env_key"] == "BOSTUDIO_API_KEY"
+    assert prov["stream_idle_timeout_ms"] == LOCAL_TIMEOUT_MS
 
 
 def test_opencode_gets_an_openai_compatible_provider(tmp_path: Path) -> None:
@@ -147,7 +149,8 @@ def test_opencode_gets_an_openai_compatible_provider(tmp_path: Path) -> None:
     data = json.loads(text)
     prov = data["provider"]["bostudio"]
     assert prov["npm"] == "@ai-sdk/openai-compatible"
-    assert prov["options"] == {"baseURL": TARGET.url + "/v1", "apiKey": "tok"}
+    assert prov["options"] == {"baseURL": TARGET.url + "/v1", "apiKey": "tok", "timeout": LOCAL_TIMEOUT_MS,
+                               "headerTimeout": LOCAL_TIMEOUT_MS, "chunkTimeout": LOCAL_TIMEOUT_MS}
     assert prov["models"][TARGET.model]["limit"] == {"context": 32768, "output": TARGET.max_output}
     assert data["model"] == f"bostudio/{TARGET.model}"
 

@@ -16,6 +16,10 @@ PINNED = {"claude": ("@anthropic-ai/claude-code", "2.1.332"), "codex": ("@openai
 BINARIES = {"claude": "claude", "codex": "codex", "opencode": "opencode"}
 # Telemetry and non-essential traffic off for every agent.
 COMMON_ENV = {"DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1"}
+# How long an agent waits for a reply's first byte and between streamed chunks. A local model prefills a
+# 20k-token agent prompt in about a minute on a quiet desktop CPU and several beside a build; the agents'
+# cloud defaults (5-10 min, then a retry that starts the prefill again) cut such a turn short.
+LOCAL_TIMEOUT_MS = 30 * 60 * 1000
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ def claude_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
         # the real window of an unknown model; ask for no more output than fits
         "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(target.ctx),
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(target.max_output),
+        "API_TIMEOUT_MS": str(LOCAL_TIMEOUT_MS),
     }
     if target.ctx >= 100_000:  # Claude Code reads a smaller auto-compact window as its 100k minimum (2.1)
         env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] = str(target.ctx)
@@ -103,6 +108,7 @@ def codex_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
         'wire_api = "responses"',
         "request_max_retries = 1",
         "stream_max_retries = 1",
+        f"stream_idle_timeout_ms = {LOCAL_TIMEOUT_MS}",
         "",
     ])
     pkg, ver = PINNED["codex"]
@@ -123,7 +129,8 @@ def opencode_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
         "provider": {"bostudio": {
             "npm": "@ai-sdk/openai-compatible",
             "name": "bostudio",
-            "options": {"baseURL": target.url + "/v1", "apiKey": _key(target)},
+            "options": {"baseURL": target.url + "/v1", "apiKey": _key(target), "timeout": LOCAL_TIMEOUT_MS,
+                        "headerTimeout": LOCAL_TIMEOUT_MS, "chunkTimeout": LOCAL_TIMEOUT_MS},
             "models": {target.model: {"name": target.model, "tool_call": True,
                                       "limit": {"context": target.ctx, "output": target.max_output}}},
         }},
@@ -144,4 +151,5 @@ def configure(agent: str, target: AgentTarget, config_dir: Path) -> AgentConfig:
     return CONFIGURE[agent](target, config_dir)
 
 
-__all__ = ["AgentTarget", "AgentConfig", "AGENTS", "PINNED", "BINARIES", "configure", "max_output_for"]
+__all__ = ["AgentTarget", "AgentConfig", "AGENTS", "PINNED", "BINARIES", "LOCAL_TIMEOUT_MS", "configure",
+           "max_output_for"]
