@@ -109,8 +109,10 @@ def run_agent(daemon: DaemonProc, agent: str, argv: list[str], home: Path,
                          text=True, timeout=HANG_GUARD_S, stdin=subprocess.DEVNULL)
     log = child_log(daemon)[before:]
     evaluated = evaluated_prompt_tokens(log)
+    # What the base model answers is its Q4 arithmetic on this CPU: it may end its turn at once, and the
+    # agent then prints an empty answer. Asserted: the agent finished its turn without an error, its
+    # requests reached llama-server, and the daemon failed none of them.
     assert ok(out), f"{agent} failed ({out.returncode}): {out.stderr[-3000:]}\n{out.stdout[-2000:]}"
-    assert out.stdout.strip(), f"{agent} printed nothing: {out.stderr[-3000:]}"
     assert evaluated, f"{agent}'s requests never reached llama-server"
     assert daemon.instance(GEMMA)["stats"]["errors"] == errors, "the daemon failed a request"
     return out, evaluated, log
@@ -152,7 +154,9 @@ def test_claude_code_tools_reach_the_model_and_the_prefix_is_reused(daemon: Daem
 
 
 def test_codex_exec(daemon: DaemonProc, tmp_path: Path) -> None:
-    run_agent(daemon, "codex", ["exec", "--skip-git-repo-check", "Say hello in one word."], tmp_path / "codex")
+    out, _, _ = run_agent(daemon, "codex", ["exec", "--skip-git-repo-check", "Say hello in one word."],
+                          tmp_path / "codex")
+    assert "tokens used" in out.stderr, out.stderr[-3000:]  # codex exec closes a finished turn with its usage
 
 
 def test_opencode_run(daemon: DaemonProc, tmp_path: Path) -> None:
