@@ -42,13 +42,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     rows, projection, doc = run_bench(opts, _progress, _note)
     if "sessions" in doc:
         return _print_sessions(args, doc)
-    if args.plot:
-        out = report.plot(rows, Path(args.plot), f"{doc['model']} - {doc['engine']} - {doc['runs']} run(s)")
-        doc["plot"] = str(out)
-        _note(f"chart written to {out}")
-    if args.json:
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+    if _plot_and_json(args, doc, lambda path: report.plot(rows, path, f"{doc['model']} - {doc['engine']} - "
+                                                                    f"{doc['runs']} run(s)")):
         return 0
     print(f"{doc['model']} on llama-server {doc['engine']}; {doc['runs']} interleaved run(s), "
           f"{'the same prompts each run (--repeat)' if args.repeat else 'fresh prompts each run'}")
@@ -56,17 +51,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_sessions(args: argparse.Namespace, doc: dict) -> int:
-    from bostudio.bench import agent
-
+def _plot_and_json(args: argparse.Namespace, doc: dict, plot) -> bool:  # type: ignore[no-untyped-def]
+    """--plot (the chart's path goes into the JSON) and --json; True when the JSON was printed."""
     if args.plot:
-        out = agent.plot(doc, Path(args.plot), f"{doc['model']} - {doc['engine']} - agent sessions, "
-                                               f"{doc['tokens_per_turn']} tokens a turn")
+        out = plot(Path(args.plot))
         doc["plot"] = str(out)
         _note(f"chart written to {out}")
     if args.json:
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
+    return bool(args.json)
+
+
+def _print_sessions(args: argparse.Namespace, doc: dict) -> int:
+    from bostudio.bench import agent
+
+    if _plot_and_json(args, doc, lambda path: agent.plot(doc, path, f"{doc['model']} - {doc['engine']} - agent "
+                                                                   f"sessions, {doc['tokens_per_turn']} tokens a turn")):
         return 0
     print(f"{doc['model']} on llama-server {doc['engine']}; agent sessions turn by turn, at most "
           f"{doc['tokens_per_turn']} output tokens a turn, ctx {doc['ctx']}"
