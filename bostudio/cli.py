@@ -1057,10 +1057,23 @@ def tui_daemon_args(args: argparse.Namespace) -> list[str]:
     return extra + (["--pull", args.pull] if getattr(args, "pull", None) else [])
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """argv parsed; no arguments is the TUI. In `launch AGENT ... -- ARGS`, ARGS belong to the agent verbatim
+    (Claude Code's own --print among them), so argparse never sees them: they land in `agent_args`."""
+    agent_args = None
+    if argv and argv[0] == "launch" and "--" in argv:
+        cut = argv.index("--")
+        argv, agent_args = argv[:cut], argv[cut + 1:]
+    args = parser.parse_args(argv or ["tui"])
+    if agent_args is not None:
+        args.agent_args = agent_args
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv or ["tui"])  # no arguments: the TUI
+    args = parse_args(parser, argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -183,3 +183,22 @@ def test_the_agents_setup_installs_the_pinned_versions() -> None:
     script = (Path(__file__).resolve().parent.parent / "scripts" / "setup_agents.sh").read_text()
     for pkg, version in PINNED.values():
         assert f'"{pkg}@{version}"' in script
+
+
+@pytest.mark.parametrize("argv, model, ctx, print_only, agent_args", [
+    # Claude Code's own --print (and -p) after `--` go to the agent, not to launch.
+    (["launch", "claude", "--", "--print", "hi", "--allowedTools", "Read", "Grep"], None, None, False,
+     ["--print", "hi", "--allowedTools", "Read", "Grep"]),
+    (["launch", "claude", "--print", "--", "-p", "x y"], None, None, True, ["-p", "x y"]),
+    (["launch", "codex", "smollm2", "--ctx", "8192", "--", "exec", "--json", "hi"], "smollm2", 8192, False,
+     ["exec", "--json", "hi"]),
+    (["launch", "opencode", "--ctx", "4096", "--print"], None, 4096, True, []),
+    (["launch", "claude", "--", "--"], None, None, False, ["--"]),  # only the first `--` separates
+])
+def test_launch_passes_the_agents_arguments_verbatim(argv, model, ctx, print_only, agent_args) -> None:
+    from bostudio.cli import build_parser, parse_args
+    from bostudio.cli_launch import split_rest
+
+    args = parse_args(build_parser(), argv)
+    got_model, got_args = split_rest(args)
+    assert (got_model, args.ctx, args.print_only, got_args) == (model, ctx, print_only, agent_args)
