@@ -11,7 +11,7 @@
 
     .venv/bin/python scripts/bench_agent_goal.py [MODEL] [--out DIR] [--recorded DIR] [--budget-s 900]
                                                  [--tokens 128] [--turns 12] [--prefix-tokens 18000] [--load 1]
-                                                 [--runs 3] [--skip-tune] [--quick]
+                                                 [--runs 3] [--skip-tune] [--skip-threads] [--quick]
 
 --quick: tiny settings (a 1k-token prefix, 3 turns, 16 tokens, a 60 s tune) to check the script end to end;
 its figures mean nothing. Profiles go to OUT/state (not your own). Prints markdown tables and the verdicts;
@@ -102,6 +102,9 @@ def main() -> int:
     ap.add_argument("--load", type=int, default=1)
     ap.add_argument("--runs", type=int, default=3, help="passes of each session per bench (default 3)")
     ap.add_argument("--skip-tune", action="store_true")
+    ap.add_argument("--skip-threads", action="store_true",
+                    help="measure only the sessions (step 2 beside a load runs llama.cpp's all-cores default, "
+                         "which decodes at about 1 tok/s there: the longest step)")
     ap.add_argument("--quick", action="store_true", help="tiny settings, to check the script works")
     a = ap.parse_args()
     if a.quick:
@@ -127,12 +130,18 @@ def main() -> int:
     report += [f"## sessions: {doc['engine']}, {doc['tokens_per_turn']} tokens a turn, ctx {doc['ctx']}\n",
                session_table(doc), "", *auto_verdict(doc), ""]
 
+    if a.skip_threads:
+        return finish(out, report)
     doc = bostudio(["bench", *model, "--workload", "agent", "--spec", "off", "--threads", "planned,all",
                     "--load", str(a.load), "--plot", str(out / "threads.png"), *size, *runs], out / "threads", env)
     t = doc["threads"] or {}
     report += [f"## threads beside {a.load} busy process(es): planned -t {t.get('threads')} -tb "
                f"{t.get('threads_batch')} on {t.get('cores')} cores ({t.get('why', '')})\n",
                session_table(doc), "", *threads_verdict(doc), ""]
+    return finish(out, report)
+
+
+def finish(out: Path, report: list[str]) -> int:
     text = "\n".join(report)
     (out / "report.md").write_text(text)
     print(text)
