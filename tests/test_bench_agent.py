@@ -16,7 +16,8 @@ import openai
 import psutil
 import pytest
 
-from bostudio.bench.agent import TurnResult, projection, session_totals, sessions_json
+from bostudio.bench.agent import (TurnResult, _needed, fitted_session, projection, session_ctx, session_totals,
+                                  sessions_json)
 from bostudio.bench.load import CompetingLoad
 from bostudio.bench.runner import parse_threads, with_threads
 from bostudio.bench.sessions import (AGENT, ROUTES, Request, recorded_session, replay_request, shipped_session)
@@ -103,6 +104,31 @@ def test_shipped_session_grows_on_one_prefix_and_is_deterministic() -> None:
     # the default system prompt is of real size (~18k tokens; the bench reports the exact count)
     big = shipped_session(turns=1).requests[0].body["messages"][0]["content"]
     assert 50_000 < len(big) < 70_000
+
+
+def test_shipped_session_is_fitted_to_the_models_context(tmp_path: Path) -> None:
+    """18k tokens of prefix and 12 turns reached 33k tokens on the embedded 32k model, and the bench failed
+    at turn 12: the prefix is shortened until the last turn fits (estimated from above), and said so."""
+    notes: list[str] = []
+    for variant in range(4):
+        s = fitted_session(AGENT, 18000, 12, variant, 128, 32768, notes.append)
+        assert len(s.requests) == 12 and _needed(s, 128) <= 32768
+        assert session_ctx([s], 128, 32768, notes.append) <= 32768
+        prefix = len(s.requests[0].body["messages"][0]["content"])
+        assert prefix >= 15_000 * 3  # still a prefix of real size (15-20k tokens)
+    assert not any("a longer request fails" in n for n in notes)
+    assert all("system prompt cut from 18000 to" in n for n in notes)
+    # an unknown training context, or one that holds it: as it is
+    assert fitted_session(AGENT, 18000, 12, 0, 128, None, notes.append) == shipped_session(18000, 12, 0)
+    assert fitted_session(AGENT, 2000, 3, 0, 128, 32768, notes.append) == shipped_session(2000, 3, 0)
+    with pytest.raises(ConfigError, match="do not fit"):
+        fitted_session(AGENT, 18000, 200, 0, 128, 32768, notes.append)
+    # a recorded session is replayed as it was, even when it is longer
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * 200_000}]}
+    (rec / "000001.json").write_text(json.dumps({"seq": 1, "route": "/v1/chat/completions", "body": body}))
+    assert fitted_session(str(rec), 18000, 12, 0, 128, 32768, notes.append).requests[0].body == body
 
 
 def test_replay_request_rewrites_for_the_child() -> None:

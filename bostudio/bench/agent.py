@@ -22,9 +22,9 @@ import httpx
 from bostudio.bench.load import CompetingLoad
 from bostudio.bench.measure import OFF
 from bostudio.bench.runner import COMPLETION_TIMEOUT_S, Bench, _Server
-from bostudio.bench.sessions import Session, replay_request
+from bostudio.bench.sessions import AGENT, MIN_PREFIX_TOKENS, Session, replay_request, resolve_session
 from bostudio.runtime.metrics import parse_metrics
-from bostudio.errors import ServerError
+from bostudio.errors import ConfigError, ServerError
 
 Progress = Callable[[int, int, str], None]
 
@@ -95,14 +95,60 @@ def projection(sessions: Sequence[dict], baseline: str = OFF) -> dict:
 
 
 CTX_MARGIN = 1024
+FIT_TRIES = 8
+
+
+CHARS_PER_TOKEN_LOW = 3.0  # below what code and prose take on the tokenizers seen (3.3-4.3): an overestimate
+
+
+def _text_chars(value: object) -> int:
+    """Characters of every string in a request body (keys included), unescaped: what a template renders."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(str(k)) + _text_chars(v) for k, v in value.items())
+    if isinstance(value, list):
+        return sum(_text_chars(v) for v in value)
+    return len(str(value))
+
+
+def _needed(session: Session, tokens: int) -> int:
+    """Tokens the session's longest request needs with its output, overestimated (CHARS_PER_TOKEN_LOW), plus
+    the margin. Measured on the shipped session's last turn: 32,434 real tokens, estimated 35,900."""
+    longest = max(_text_chars(r.body) for r in session.requests)
+    return int(longest / CHARS_PER_TOKEN_LOW) + tokens + CTX_MARGIN
+
+
+def fitted_session(name: str, prefix_tokens: int, turns: int, variant: int, tokens: int,
+                   n_ctx_train: int | None, note: Callable[[str], None]) -> Session:
+    """The session `name` (resolve_session), the shipped one with its system prompt shortened until its last
+    request fits the model's training context: an agent compacts before it overflows, and a turn the model
+    cannot hold would fail mid-bench (18k tokens + 12 turns reached 33k on the embedded 32k model). A
+    recorded session is replayed as it was."""
+    session = resolve_session(name, prefix_tokens, turns, variant)
+    if name != AGENT or not n_ctx_train:
+        return session
+    prefix = prefix_tokens
+    for _ in range(FIT_TRIES):
+        over = _needed(session, tokens) - n_ctx_train
+        if over <= 0:
+            break
+        if prefix <= MIN_PREFIX_TOKENS:
+            raise ConfigError(f"{turns} turns of the agent session do not fit the model's {n_ctx_train}-token "
+                              f"context even with the shortest system prompt", "pass fewer --session-turns")
+        prefix = max(MIN_PREFIX_TOKENS, prefix - over)  # a prefix token is ~3.4 characters: this overshoots
+        session = resolve_session(name, prefix, turns, variant)
+    if prefix != prefix_tokens:
+        note(f"agent session (pass {variant + 1}): system prompt cut from {prefix_tokens} to {prefix} tokens so "
+             f"that its last turn fits the model's {n_ctx_train}-token context")
+    return session
 
 
 def session_ctx(sessions: Sequence[Session], tokens: int, n_ctx_train: int | None,
                 note: Callable[[str], None]) -> int:
-    """The servers' context for these sessions: the longest request (its JSON overestimates the tokens a chat
-    template renders, about 3 characters a token) plus the output, in whole 1024s, at most the training context."""
-    longest = max(len(json.dumps(r.body)) for s in sessions for r in s.requests)
-    ctx = -(-(int(longest / 3.0) + tokens + CTX_MARGIN) // 1024) * 1024
+    """The servers' context for these sessions: the longest request (overestimated: `_needed`) plus the
+    output, in whole 1024s, at most the training context."""
+    ctx = -(-max(_needed(s, tokens) for s in sessions) // 1024) * 1024
     limit = n_ctx_train or ctx
     if ctx > limit:
         note(f"the longest request needs about {ctx} tokens, more than the model's {limit}: the servers run at "

@@ -11,7 +11,7 @@ from bostudio.bench import agent, measure
 from bostudio.bench.load import CompetingLoad
 from bostudio.bench.runner import (Bench, BenchConfig, Plan, bench_decision, config_names, parse_ctx_list,
                                    parse_threads, resolve_configs, run, sweep_fits)
-from bostudio.bench.sessions import DEFAULT_PREFIX_TOKENS, DEFAULT_TURNS, is_session, resolve_session
+from bostudio.bench.sessions import DEFAULT_PREFIX_TOKENS, DEFAULT_TURNS, is_session
 from bostudio.bench.workloads import resolve_workloads
 from bostudio.catalog.resolve import model_name, resolve_model
 from bostudio.engine.discover import find_engine
@@ -106,7 +106,7 @@ def run_agent_bench(opts: BenchOptions, progress: Callable[[int, int, str], None
     info = describe(path)
     engine = find_engine(opts.engine)
     # one pass per --runs, each shipped pass on a fresh prefix (another variant of the session)
-    sessions = [resolve_session(w, opts.prefix_tokens, opts.session_turns, variant=r)
+    sessions = [agent.fitted_session(w, opts.prefix_tokens, opts.session_turns, r, tokens, info.n_ctx_train, note)
                 for r in range(opts.runs) for w in opts.workloads]
     if opts.runs > 1:
         sessions = [replace(s, name=f"{s.name}#{i // len(opts.workloads) + 1}") for i, s in enumerate(sessions)]

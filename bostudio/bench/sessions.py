@@ -27,7 +27,8 @@ from bostudio.errors import ConfigError
 AGENT = "agent"
 DEFAULT_PREFIX_TOKENS = 18000  # Claude Code's first request is ~20k tokens, Codex's ~10k, opencode's ~8k
 DEFAULT_TURNS = 12  # the seeds' agent task: 12 turns
-READ_LINES = 200  # a read_file result: the first 200 lines of a module
+MIN_PREFIX_TOKENS = 256
+READ_LINES = 100  # a read_file result: the first 100 lines of a module (12 turns on an 18k prefix fit 32k)
 CHARS_PER_TOKEN = 3.4  # code and English prose on the Gemma tokenizer (the bench reports the real count)
 RECORD_SUFFIX = ".json"
 # Routes a recorded request is replayed on, and which of its fields caps the output.
@@ -206,8 +207,9 @@ def _functions_of(text: str) -> list[tuple[str, str]]:
 def shipped_session(prefix_tokens: int = DEFAULT_PREFIX_TOKENS, turns: int = DEFAULT_TURNS,
                     variant: int = 0) -> Session:
     """The shipped agent session: `turns` requests on one growing conversation (see the module docstring)."""
-    if prefix_tokens < 256:
-        raise ConfigError(f"--prefix-tokens {prefix_tokens} is too small for an agent session", "use 256 or more")
+    if prefix_tokens < MIN_PREFIX_TOKENS:
+        raise ConfigError(f"--prefix-tokens {prefix_tokens} is too small for an agent session",
+                          f"use {MIN_PREFIX_TOKENS} or more")
     if not 1 <= turns <= 200:
         raise ConfigError(f"--session-turns {turns} is out of range", "use 1 to 200 turns")
     src = [(p, t) for p, t in _sources() if _functions_of(t)]

@@ -54,13 +54,13 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
     returns the profile of `workload` (`agent`, or the recording directory's name)."""
     from bostudio.bench import agent
     from bostudio.bench.runner import Bench, BenchConfig
-    from bostudio.bench.sessions import resolve_session
     from bostudio.gguf import describe
 
     info = describe(model_path)
     started = time.monotonic()
     n_tokens = tokens or 128
-    first = resolve_session(workload, prefix_tokens, session_turns, TUNE_VARIANT)
+    first = agent.fitted_session(workload, prefix_tokens, session_turns, TUNE_VARIANT, n_tokens, info.n_ctx_train,
+                                 progress)
     ctx = agent.session_ctx([first], n_tokens, info.n_ctx_train, progress)
     pool = [Tally(c) for c in candidates(engine.spec_types, info.has_mtp, draft)]
     costs: list[float] = []
@@ -82,8 +82,8 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
                     break
                 rounds += 1
                 progress(f"round {rounds}: {len(alive)} candidate(s) x {n} session pass(es)")
-                sessions = [resolve_session(workload, prefix_tokens, session_turns, TUNE_VARIANT + served + i)
-                            for i in range(n)]
+                sessions = [agent.fitted_session(workload, prefix_tokens, session_turns, TUNE_VARIANT + served + i,
+                                                 n_tokens, info.n_ctx_train, progress) for i in range(n)]
                 served += n
                 measured = []
                 for t in alive:

@@ -15,14 +15,22 @@ and two llama-servers decoding at once at -t 2 ran at 1.7 and 3.3 tok/s. Giving 
 on an idle machine (half the speed on 2 cores, far less on 16, where decode is bound by memory
 bandwidth well before the last core) buys a decode that does not collapse when the machine is busy.
 
+Prompt processing suffers the same way, less steeply. Measured on the same machine (`bostudio bench
+--workload agent --spec off --threads 1/2,1/1 --load 1 --prefix-tokens 3000 --session-turns 3`, 5,102
+prompt tokens, prefill seconds, alone / beside one busy process):
+
+    -t 1 -tb 2                              7.4 / 44.2  (6.0x slower beside the load)
+    -t 1 -tb 1                             13.3 / 13.4  (1.8x slower alone, unchanged beside it)
+
+So -tb all cores pays 6x whenever anything else runs, against 1.8x given up when nothing does: it is
+the better bet only if the machine is idle during more than 5 of every 6 prompts, and an agent's tools,
+a second child or the user's build make that rare. On 16 cores the headroom costs prefill at most a
+quarter of its idle speed.
+
 The rule (holds from 1 core to many):
 - headroom: one core in four, at least one (none on a 1-core machine), is left to the agent's work;
-- decode threads: the other cores, split between the children that may decode at once, at least 1;
-- batch threads (prompt processing): every core the children share, split the same way but without
-  the headroom. A prompt's ops are large matrix products, so a worker waiting at the barrier for a
-  descheduled one loses a slice per op of milliseconds, not per op of microseconds: the loss is
-  bounded, and on an idle machine prefill keeps every core. (`bostudio bench --load N --threads
-  planned,all` measures both halves of this claim.)
+- decode threads (-t) and batch threads (-tb): the other cores, split between the children that may
+  compute at once, at least 1 each;
 - every layer offloaded to a GPU: the CPU only feeds the device (sampling, the graph's host part), so a
   few threads do (GPU_FEED_THREADS) and the cores stay free.
 """
@@ -72,13 +80,12 @@ def plan_threads(cores: int | None, children: int = 1, cpu_compute: bool = True)
                           f"every layer runs on the GPU: {t} host thread(s) feed it, the other cores stay free")
     room = headroom_cores(cores)
     t = max(1, (cores - room) // children)
-    tb = max(t, cores // children)
-    why = (f"{cores} core(s){shared}: decode on {t} thread(s), leaving {room} core(s) for the agent's own "
-           f"work (a decode thread that waits for a busy core stalls every step); prompt processing on {tb} "
-           f"(its large ops lose little when a core is busy)")
+    why = (f"{cores} core(s){shared}: decode and prompt processing on {t} thread(s), leaving {room} core(s) "
+           f"for the agent's own work (a thread that waits for a busy core stalls every step: decode fell "
+           f"100x, prefill 6x beside one busy process when every core was used)")
     if room == 0 and children == 1:
         why = "1 core: decode and prompt processing on it"
-    return ThreadPlan(t, tb, cores, children, why)
+    return ThreadPlan(t, t, cores, children, why)
 
 
 __all__ = ["ThreadPlan", "plan_threads", "headroom_cores", "GPU_FEED_THREADS", "HEADROOM_SHARE"]
