@@ -112,7 +112,7 @@ def test_tune_picks_the_best_of_its_own_sweep_or_off(tuned) -> None:
         # off: the best candidate had no draft accepted, or did not beat off beyond its measured spread
         # (the lower end of its median's interval above 1 and the median above 1 + MIN_NOISE: beats_off).
         assert "off" in p["why"]
-        assert not best["acceptance"] or not beats_off(best["speedup"], best["speedup_low"])
+        assert not best["acceptance"] or not beats_off(best["speedup"], best["speedup_low"], best["samples"])
     else:
         assert p["chosen"]["label"] == best["label"]
         assert p["chosen"]["speedup"] > 1 + noise

@@ -197,6 +197,11 @@ def test_choice_is_off_when_nothing_beats_the_baseline_beyond_the_spread() -> No
     assert choose_config([]).chosen is None
     # a median edge inside MIN_NOISE is off however tight
     assert choose_config([tally("a", [(40.8, 40)] * 9)]).chosen is None
+    # one paired sample has no spread, however large its edge (a session tune's single pass said 1.23x; the
+    # bench then measured that configuration 1% slower than off): off, saying why
+    one = choose_config([tally("a", [(49.4, 40)])])
+    assert one.chosen is None and "too few to tell an edge from noise" in one.why
+    assert choose_config([tally("a", [(49.4, 40), (48, 40)])]).chosen is not None
 
 
 def test_a_candidate_with_nothing_accepted_is_never_chosen() -> None:
@@ -287,7 +292,7 @@ def test_next_best_is_another_kind_that_beat_off(tmp_path: Path) -> None:
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     p = make_profile(model, fake_engine(tmp_path), "code", time.time())
-    draft = replace(tally("draft", [(46, 40)]).measured(), speculator={**p.chosen.speculator, "kind": "draft"})
+    draft = replace(tally("draft", [(46, 40)] * 2).measured(), speculator={**p.chosen.speculator, "kind": "draft"})
     slow = replace(draft, speedup=1.01)
     assert replace(p, by_kind={"ngram": p.chosen, "draft": draft}).next_best() == draft
     assert replace(p, by_kind={"ngram": p.chosen, "draft": slow}).next_best() is None
@@ -463,7 +468,7 @@ def test_fallback_takes_the_next_best_kind_else_none(tmp_path: Path, monkeypatch
     sp = fallback_speculator(info, eng, "code", "acceptance 20% is below the break-even of 55%")
     assert sp.kind == "none" and "until the workload changes" in sp.reason  # no profile
     p = make_profile(info.path, eng, "code", time.time() + 5)
-    mtp = replace(tally("mtp", [(50, 40)]).measured(), label="mtp n_max=2",
+    mtp = replace(tally("mtp", [(50, 40)] * 2).measured(), label="mtp n_max=2",
                   speculator=speculator_json_mtp())
     profiles.save_profile(replace(p, by_kind={"ngram": p.chosen, "mtp": mtp}))
     sp = fallback_speculator(info, eng, "code", "acceptance 20% is below the break-even of 55%")

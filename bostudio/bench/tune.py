@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bostudio.bench.measure import OFF, Sample, accept_length
-from bostudio.profiles import (MIN_NOISE, Measured, ModelIdentity, Profile, beats_off, engine_identity,
+from bostudio.profiles import (MIN_NOISE, MIN_PAIRED, Measured, ModelIdentity, Profile, beats_off, engine_identity,
                                save_profile, speculator_to_json)
 from bostudio.speculation import Speculator
 
@@ -186,11 +186,13 @@ def choose_config(tallies: Sequence[Tally]) -> Choice:
     acc = f", acceptance {100 * m.acceptance:.0f}%" if m.acceptance is not None else ""
     spread = (f"{100 * CONFIDENCE:.0f}% interval of the median {low:.2f}-{high:.2f}x over "
               f"{len(best.ratios)} paired prompt(s)")
-    if beats_off(best.speedup, low):
+    if beats_off(best.speedup, low, len(best.ratios)):
         return Choice(best, noise, f"tuned: {best.candidate.label} ran {best.speedup:.2f}x of off "
                                    f"({best.tok_s:.1f} tok/s{acc}; {spread}), beyond the measured spread")
+    why = ("too few to tell an edge from noise (give tune a larger --budget-s)" if len(best.ratios) < MIN_PAIRED
+           else "not beyond the measured spread")
     return Choice(None, noise, f"tuned: off - the best, {best.candidate.label}, ran {best.speedup:.2f}x of off{acc} "
-                               f"({spread}): not beyond the measured spread")
+                               f"({spread}): {why}")
 
 
 def break_even_acceptance(baseline_tok_s: float, m: Measured) -> float | None:
