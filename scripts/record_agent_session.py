@@ -90,18 +90,21 @@ def main() -> int:
         git = ["git", "-c", "user.name=bostudio", "-c", "user.email=bostudio@localhost"]
         for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "project"]):
             subprocess.run([*git, *cmd], cwd=project, check=True)
-        env = dict(os.environ, XDG_STATE_HOME=str(state), HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"),
+        # the daemon: your engine cache and models, its own state; the agent: a fresh HOME as well
+        daemon_env = dict(os.environ, XDG_STATE_HOME=str(state))
+        env = dict(daemon_env, HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"),
                    XDG_DATA_HOME=str(home / ".local/share"), PATH=f"{AGENT_BIN}:{os.environ.get('PATH', '')}",
                    IS_SANDBOX="1", DISABLE_TELEMETRY="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
                    NO_COLOR="1")
         port = free_port()
         log = open(scratch / "daemon.out", "w")
-        daemon = subprocess.Popen([*bostudio, "daemon", "--port", str(port), "--record", str(out)], env=env,
+        daemon = subprocess.Popen([*bostudio, "daemon", "--port", str(port), "--record", str(out)], env=daemon_env,
                                   stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         try:
             wait_for_port(port, daemon)
             print(f"recording into {out} (daemon on port {port})", flush=True)
             model = [a.model] if a.model else []
+            failed = 0
             for i, question in enumerate(QUESTIONS[:a.turns]):
                 agent = (["-c"] if i else []) + ["-p", question, "--allowedTools", "Read", "Grep", "Glob", "LS"]
                 t0 = time.monotonic()
@@ -113,8 +116,9 @@ def main() -> int:
                       f"{n} request(s) recorded so far", flush=True)
                 if r.returncode != 0:
                     print("  " + (r.stderr or r.stdout).strip()[-400:], flush=True)
+                    failed += 1
         finally:
-            subprocess.run([*bostudio, "daemon", "stop"], env=env, cwd=ROOT, capture_output=True, timeout=120)
+            subprocess.run([*bostudio, "daemon", "stop"], env=daemon_env, cwd=ROOT, capture_output=True, timeout=120)
             if daemon.poll() is None:
                 daemon.terminate()
                 try:
@@ -122,8 +126,10 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     daemon.kill()
             log.close()
+    if failed:
+        print(f"{failed} turn(s) failed (Claude Code's own exit code; the requests it sent are recorded)")
     print(f"done: replay it with `bostudio bench --workload {out}`")
-    return 0
+    return 1 if failed == a.turns else 0
 
 
 if __name__ == "__main__":
