@@ -202,6 +202,8 @@ def test_choice_is_off_when_nothing_beats_the_baseline_beyond_the_spread() -> No
     one = choose_config([tally("a", [(49.4, 40)])])
     assert one.chosen is None and "too few to tell an edge from noise" in one.why
     assert choose_config([tally("a", [(49.4, 40), (48, 40)])]).chosen is not None
+    slower = choose_config([tally("a", [(38.8, 40)])])  # one sample, and slower: that is the reason given
+    assert slower.chosen is None and "not beyond the measured spread" in slower.why
 
 
 def test_a_candidate_with_nothing_accepted_is_never_chosen() -> None:

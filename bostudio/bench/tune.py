@@ -189,7 +189,8 @@ def choose_config(tallies: Sequence[Tally]) -> Choice:
     if beats_off(best.speedup, low, len(best.ratios)):
         return Choice(best, noise, f"tuned: {best.candidate.label} ran {best.speedup:.2f}x of off "
                                    f"({best.tok_s:.1f} tok/s{acc}; {spread}), beyond the measured spread")
-    why = ("too few to tell an edge from noise (give tune a larger --budget-s)" if len(best.ratios) < MIN_PAIRED
+    why = ("too few to tell an edge from noise (give tune a larger --budget-s)"
+           if len(best.ratios) < MIN_PAIRED and beats_off(best.speedup, low, MIN_PAIRED)
            else "not beyond the measured spread")
     return Choice(None, noise, f"tuned: off - the best, {best.candidate.label}, ran {best.speedup:.2f}x of off{acc} "
                                f"({spread}): {why}")
