@@ -44,10 +44,7 @@ def add_launch_parser(sub) -> None:  # type: ignore[no-untyped-def]
 
 def split_rest(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     """MODEL, the options after AGENT (into `args`) and the agent's arguments (after `--`)."""
-    rest = list(args.rest)
-    head, tail = (rest[:rest.index("--")], rest[rest.index("--") + 1:]) if "--" in rest else (rest, [])
-    if getattr(args, "agent_args", None) is not None:  # cut off by main() before argparse saw them
-        tail = list(args.agent_args)
+    head, tail = list(args.rest), list(getattr(args, "agent_args", []))  # ARGS: cut off by cli.parse_args
     p = argparse.ArgumentParser(prog="bostudio launch AGENT", add_help=False)
     p.add_argument("model", nargs="?")
     _options(p)

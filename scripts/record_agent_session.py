@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bostudio.runtime.net import free_loopback_port
+
 ROOT = Path(__file__).resolve().parent.parent
 AGENT_BIN = ROOT / ".agents" / "node_modules" / ".bin"
 QUESTIONS = [
@@ -47,12 +49,6 @@ QUESTIONS = [
     "Summarise the whole conversation in one paragraph.",
 ]
 TURN_TIMEOUT_S = 1800  # a cold 15k-token prefill beside other work can take minutes; this is a hang guard
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float = 120) -> None:
@@ -96,7 +92,7 @@ def main() -> int:
                    XDG_DATA_HOME=str(home / ".local/share"), PATH=f"{AGENT_BIN}:{os.environ.get('PATH', '')}",
                    IS_SANDBOX="1", DISABLE_TELEMETRY="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
                    NO_COLOR="1")
-        port = free_port()
+        port = free_loopback_port()
         log = open(scratch / "daemon.out", "w")
         daemon = subprocess.Popen([*bostudio, "daemon", "--port", str(port), "--record", str(out)], env=daemon_env,
                                   stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)

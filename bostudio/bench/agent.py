@@ -96,8 +96,6 @@ def projection(sessions: Sequence[dict], baseline: str = OFF) -> dict:
 
 CTX_MARGIN = 1024
 FIT_TRIES = 8
-
-
 CHARS_PER_TOKEN_LOW = 3.0  # below what code and prose take on the tokenizers seen (3.3-4.3): an overestimate
 
 
