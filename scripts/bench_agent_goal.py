@@ -83,6 +83,27 @@ def auto_verdict(doc: dict) -> list[str]:
     return out
 
 
+def spread_lines(doc: dict) -> list[str]:
+    """Per pass: the servers' start order, the cores they were held on and how far apart their prefill speeds
+    were on the same work (the noise under that pass's comparison of wall times)."""
+    out = []
+    for p in doc.get("passes", []):
+        pre = p.get("prefill") or {}
+        rates = ", ".join(f"{c} {v:.0f}" for c, v in pre.get("prefill_tok_s", {}).items())
+        spread = "-" if not pre else f"{100 * pre['spread']:.1f}%"
+        cal = p.get("calibration") or {}
+        again = f", restarted {', '.join(cal['restarted'])}" if cal.get("restarted") else ""
+        before = "-" if cal.get("spread") is None else f"{100 * cal['spread']:.1f}%"
+        out.append(f"- {p['session']} {p['phase']}: started {' > '.join(p['start_order'])}; cores "
+                   f"{p['cores'] or 'not held'}; calibration spread {before}{again}; in the pass, prefill tok/s "
+                   f"{rates or '-'}: spread {spread}")
+    if out:
+        worst = max(((p.get("prefill") or {}).get("spread", 0.0) for p in doc["passes"]), default=0.0)
+        out.append(f"- widest prefill spread between the servers of one pass: {100 * worst:.1f}% "
+                   f"(a gap between configurations smaller than that is noise)")
+    return out
+
+
 def threads_verdict(doc: dict) -> list[str]:
     """Decode tok/s over every session (tokens over decode time), alone and beside the load, per setting."""
     out = []
@@ -121,7 +142,7 @@ def main() -> int:
     a = ap.parse_args()
     if a.verdict_only:
         doc = json.loads((Path(a.out) / "sessions.json").read_text())
-        print(session_table(doc), "", *auto_verdict(doc), sep="\n")
+        print(session_table(doc), "", *auto_verdict(doc), "", *spread_lines(doc), sep="\n")
         return 0
     if a.quick:
         a.budget_s, a.tokens, a.turns, a.prefix_tokens, a.runs = 60, 16, 3, 1000, 1
@@ -144,7 +165,7 @@ def main() -> int:
     doc = bostudio(["bench", *model, "--workload", workloads, "--spec", spec, "--plot", str(out / "sessions.png"),
                     *size, *runs], out / "sessions", env)
     report += [f"## sessions: {doc['engine']}, {doc['tokens_per_turn']} tokens a turn, ctx {doc['ctx']}\n",
-               session_table(doc), "", *auto_verdict(doc), ""]
+               session_table(doc), "", *auto_verdict(doc), "", *spread_lines(doc), ""]
 
     if a.skip_threads:
         return finish(out, report)

@@ -16,8 +16,8 @@ import openai
 import psutil
 import pytest
 
-from bostudio.bench.agent import (TurnResult, _needed, fitted_session, projection, session_ctx, session_totals,
-                                  sessions_json)
+from bostudio.bench.agent import (TurnResult, _needed, fitted_session, prefill_spread, projection, session_ctx,
+                                  session_totals, sessions_json)
 from bostudio.bench.load import CompetingLoad
 from bostudio.bench.runner import parse_threads, with_threads
 from bostudio.bench.sessions import (AGENT, ROUTES, Request, recorded_session, replay_request, shipped_session)
@@ -89,6 +89,18 @@ def test_projection_is_measured_session_wall_time_against_off() -> None:
     assert projection(doc)["all"]["alone"] == p  # one session: the whole is that session
     assert p["off"]["vs_off"] == 1.0 and p["ngram"]["wall_s"] == pytest.approx(3.0)
     assert p["ngram"]["saved_s"] == pytest.approx(5.0 - 3.0) and p["ngram"]["vs_off"] == pytest.approx(3.0 / 5.0)
+
+
+def test_prefill_spread_is_between_servers_doing_the_same_work() -> None:
+    """Prefill speed per configuration over the turns with a real prompt; the spread is max/min - 1; a speculator
+    that prefills on its own (a draft model) is left out by the caller; short turns are overhead, not speed."""
+    turns = [_turn(1, "off", prompt_n=1000, prefill_s=2.0), _turn(2, "off", prompt_n=50, prefill_s=5.0),
+             _turn(1, "ngram-mod", prompt_n=1000, prefill_s=2.5), _turn(2, "ngram-mod", prompt_n=600, prefill_s=1.5),
+             _turn(1, "draft", prompt_n=1000, prefill_s=9.0)]
+    got = prefill_spread(turns, ["off", "ngram-mod"])
+    assert got == {"prefill_tok_s": {"off": 500.0, "ngram-mod": 400.0}, "spread": 0.25}
+    assert prefill_spread(turns, ["off"]) is None  # nothing to compare with
+    assert prefill_spread([_turn(1, "off", prompt_n=50), _turn(1, "x", prompt_n=80)], ["off", "x"]) is None
 
 
 def test_shipped_session_grows_on_one_prefix_and_is_deterministic() -> None:
@@ -223,6 +235,32 @@ def test_agent_bench_json_per_turn_and_totals(gemma_gguf: Path, engine, tmp_path
     assert doc["threads"] is None or doc["threads"]["threads"] >= 1
     for cfg in doc["configs"].values():
         assert "-cram" in cfg["argv"] and ("-t" in cfg["argv"]) == (doc["threads"] is not None)
+    # Every pass on fresh servers, started in a rotated order; alone they were held on the same cores
+    # (where this machine has more cores than a server's threads), beside the load they were not.
+    passes = doc["passes"]
+    assert [(p["session"], p["phase"]) for p in passes] == [("agent", "alone"), ("agent", "load 1")]
+    assert [p["start_order"] for p in passes] == [["off", "ngram-simple"], ["ngram-simple", "off"]]
+    logs = [p.name for p in (tmp_path / "state").rglob("*.log") if p.parent.parent.name == "bench"]
+    for config in ("off", "ngram-simple"):  # a server per pass, and one per restart the calibration asked for
+        restarts = sum(p["calibration"]["restarted"].count(config) for p in passes)
+        assert sum(1 for n in logs if n.split(".")[0] == config) == len(passes) + restarts
+    for p in passes:  # both prefill the same: both calibrated, on the last measurement
+        cal = p["calibration"]
+        assert set(cal["prefill_tok_s"]) == {"off", "ngram-simple"} and all(v > 0 for v in cal["prefill_tok_s"].values())
+        assert cal["spread"] == pytest.approx(max(cal["prefill_tok_s"].values()) / min(cal["prefill_tok_s"].values()) - 1,
+                                              abs=1e-3)
+    alone, loaded = passes
+    assert loaded["cores"] is None
+    threads = doc["threads"]["threads"] if doc["threads"] else None
+    if threads is not None and hasattr(os, "sched_getaffinity") and threads < len(os.sched_getaffinity(0)):
+        assert alone["cores"] and len(alone["cores"]) <= threads
+    for p in passes:  # the spread is the servers' prefill speeds on the pass's own turns
+        rates = p["prefill"]["prefill_tok_s"]
+        for config, rate in rates.items():
+            (s,) = [s for s in doc["sessions"] if s["phase"] == p["phase"] and s["config"] == config]
+            big = [t for t in s["turns"] if t["prompt_n"] >= 256]
+            assert rate == pytest.approx(sum(t["prompt_n"] for t in big) / sum(t["prefill_s"] for t in big), rel=1e-3)
+        assert p["prefill"]["spread"] == pytest.approx(max(rates.values()) / min(rates.values()) - 1, abs=1e-3)
 
 
 def test_session_recorded_through_the_daemon_replays_in_order(gemma_gguf: Path, engine, tmp_path: Path) -> None:

@@ -1,7 +1,10 @@
 """The CPU thread rule (planner.threads): a table of cores x children x where the layers run, and the
-flags a plan emits through Plan.llama_args(). Pure: no process is started."""
+flags a plan emits through Plan.llama_args(); and how a bench holds its servers on cores (one CPU per physical
+core, pure; the affinity itself on a real child process)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -122,3 +125,60 @@ def test_devices_file_takes_cores_and_refuses_nonsense() -> None:
         device_from_json({"vendor": "cpu", "backend": "cpu", "name": "h", "total_gib": 8, "cores": 0})
     with pytest.raises(ConfigError, match="cores"):
         device_from_json({"vendor": "cpu", "backend": "cpu", "name": "h", "total_gib": 8, "cores": "many"})
+
+
+# ------------------------------------------------------------------------- holding a bench's servers on cores
+
+SMT = {0: {0, 4}, 1: {1, 5}, 2: {2, 6}, 3: {3, 7}, 4: {0, 4}, 5: {1, 5}, 6: {2, 6}, 7: {3, 7}}
+
+
+@pytest.mark.parametrize("allowed, siblings, n, want", [
+    ([0, 1], {}, 1, [1]),  # the last CPU: CPU 0 takes most interrupts
+    ([0, 1], {}, 2, [0, 1]),
+    ([0, 1], {}, 5, [0, 1]),  # no more than there are
+    (list(range(8)), SMT, 2, [6, 7]),  # 6 and 7 are different cores (2 and 3)
+    (list(range(8)), SMT, 4, [4, 5, 6, 7]),
+    (list(range(8)), SMT, 6, [4, 5, 6, 7]),  # 4 physical cores: one CPU each, never two siblings
+    ([0, 4, 5], SMT, 2, [4, 5]),  # 4 and 0 are siblings
+    ([0, 4], SMT, 2, [4]),
+    ([2, 3, 9], {}, 2, [3, 9]),  # topology unknown: logical CPUs from the end
+])
+def test_one_cpu_per_core(allowed: list[int], siblings: dict, n: int, want: list[int]) -> None:
+    from bostudio.hardware.cpu import one_cpu_per_core
+
+    got = one_cpu_per_core(allowed, lambda c: frozenset(siblings[c]) if c in siblings else None, n)
+    assert got == want
+
+
+def test_smt_siblings_reads_this_machine_or_says_unknown() -> None:
+    from bostudio.hardware.cpu import smt_siblings
+
+    for cpu in sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]:
+        sib = smt_siblings(cpu)
+        assert sib is None or cpu in sib
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
+def test_set_cpu_affinity_holds_every_thread_and_lets_go() -> None:
+    """A real child with several threads: every thread on the one CPU, then on every CPU again."""
+    import subprocess
+    import sys
+
+    from bostudio.runtime.process import set_cpu_affinity
+
+    code = "import threading, time\n[threading.Thread(target=time.sleep, args=(60,), daemon=True).start() for _ in range(3)]\nprint('up', flush=True)\ntime.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "up"
+        everything = os.sched_getaffinity(0)
+        last = max(everything)
+        tids = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
+        assert len(tids) == 4
+        assert set_cpu_affinity(child.pid, {last})
+        assert all(os.sched_getaffinity(t) == {last} for t in tids)
+        assert set_cpu_affinity(child.pid, None)
+        assert all(os.sched_getaffinity(t) == everything for t in tids)
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    assert not set_cpu_affinity(child.pid, {last})  # gone: nothing held, no exception

@@ -1,7 +1,8 @@
 """`bench --workload agent|DIR`: whole agent sessions, turn by turn, through each configuration's llama-server.
 
 Every configuration gets its own server (runner.Bench); turn k goes to every server before turn k+1, in an
-order that rotates with k, so machine drift hits every side alike. Each server sees the session as an agent
+order that rotates with k, so machine drift hits every side alike. Every pass gets fresh servers, held on the
+same cores when alone, and the JSON says how far their prefill speeds were apart on the same work. Each server sees the session as an agent
 would send it: the same prefix, a conversation that grows, its own prompt cache.
 
 Per turn: first-token time (measured at the client, to the first generated text or tool call), prefill
@@ -244,22 +245,49 @@ def erase_slots(server: _Server) -> None:
                               f"see the log: {server.proc.log_path}")
 
 
+@dataclass(frozen=True)
+class PassInfo:
+    """How one pass (a session in one phase) ran: which servers, started in which order, on which cores."""
+
+    session: str
+    phase: str
+    start_order: tuple[str, ...]  # the configurations, in the order their (fresh) servers were started
+    cores: tuple[int, ...] | None  # the CPUs every server was held on; None: not held (beside a load, or all)
+    calibration: dict  # Bench.even_out: the servers' prefill speeds before the pass, and those restarted
+
+
 def run_sessions(bench: Bench, sessions: Sequence[Session], tokens: int, load: CompetingLoad | None,
-                 progress: Progress) -> list[TurnResult]:
+                 progress: Progress) -> tuple[list[TurnResult], list[PassInfo]]:
     """Every session on every configuration, turn by turn, interleaved; with a competing load each session
-    runs twice, alone and beside the load (the phases alternate which goes first), every server's slots
-    erased before each pass so that each pass starts cold."""
+    runs twice, alone and beside the load (the phases alternate which goes first).
+
+    Every pass starts cold on fresh servers (the first on the bench's own, then restarted with the start order
+    rotated), so that a server's own speed stays with one pass, not one configuration; before the pass, servers
+    that should prefill alike but do not are restarted (Bench.even_out). Alone, every server is held on the
+    same cores (Bench.hold_cores); beside the load, none is."""
     phases = ["alone"] + ([f"load {load.n}"] if load is not None and load.n else [])
     total = sum(len(s.requests) for s in sessions) * len(bench.servers) * len(phases)
     done = 0
     out: list[TurnResult] = []
+    passes: list[PassInfo] = []
     for si, session in enumerate(sessions):
         order = phases if si % 2 == 0 else phases[::-1]
         for phase in order:
             if load is not None:
-                load.resume() if phase != "alone" else load.pause()
+                load.pause()
+            if passes:
+                progress(done, total, f"{session.name} {phase}: fresh servers for this pass")
+                bench.restart(len(passes))
+            bench.hold_cores(True)
+            progress(done, total, f"{session.name} {phase}: calibrating the servers' prefill")
+            calibration = bench.even_out()  # alone and held, whatever the phase: a fair measurement
+            if load is not None and phase != "alone":
+                load.resume()
+            cores = bench.hold_cores(phase == "alone")
             for s in bench.servers:
-                erase_slots(s)
+                erase_slots(s)  # the warm-up's and the calibration's prompts
+            passes.append(PassInfo(session.name, phase, bench.start_order, tuple(cores) if cores else None,
+                                   calibration))
             for k, req in enumerate(session.requests):
                 r = k % len(bench.servers)
                 for server in bench.servers[r:] + bench.servers[:r]:
@@ -275,7 +303,33 @@ def run_sessions(bench: Bench, sessions: Sequence[Session], tokens: int, load: C
                                           f"{_f(res.decode_tok_s)} tok/s, {res.wall_s:.1f} s")
     if load is not None:
         load.pause()
-    return out
+    return out, passes
+
+
+SPREAD_MIN_PROMPT = 256  # turns with fewer prompt tokens are mostly overhead, not prefill speed
+
+
+def prefill_spread(turns: Sequence[TurnResult], same_prefill: Sequence[str]) -> dict | None:
+    """How far apart the servers of one pass ran on the same prefill work: each configuration's prefill speed
+    (tokens over seconds, turns of SPREAD_MIN_PROMPT tokens or more) among `same_prefill` (those whose
+    speculator does no work of its own on the prompt: off and the n-gram ones), and max/min - 1. That is the
+    noise under any comparison of the pass's wall times. None with fewer than two such configurations."""
+    rates: dict[str, float] = {}
+    for c in same_prefill:
+        ts = [t for t in turns if t.config == c and t.prompt_n >= SPREAD_MIN_PROMPT and t.prefill_s > 0]
+        if ts:
+            rates[c] = sum(t.prompt_n for t in ts) / sum(t.prefill_s for t in ts)
+    if len(rates) < 2:
+        return None
+    return {"prefill_tok_s": {c: round(v, 1) for c, v in rates.items()},
+            "spread": round(max(rates.values()) / min(rates.values()) - 1, 4)}
+
+
+def passes_json(passes: Sequence[PassInfo], turns: Sequence[TurnResult], same_prefill: Sequence[str]) -> list[dict]:
+    """Per pass: its start order, the cores held and the prefill spread between its servers."""
+    return [{**asdict(p), "cores": list(p.cores) if p.cores else None, "start_order": list(p.start_order),
+             "prefill": prefill_spread([t for t in turns if t.session == p.session and t.phase == p.phase],
+                                       same_prefill)} for p in passes]
 
 
 def _s(v: float | None) -> str:

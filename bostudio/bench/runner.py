@@ -7,6 +7,7 @@ I/O lives here (processes, HTTP); the figures are computed by `measure.summarise
 from __future__ import annotations
 
 import os
+import statistics
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 from dataclasses import dataclass, replace
@@ -27,13 +28,17 @@ from bostudio.pairing.pair import choose, make_self_draft
 from bostudio.profiles import default_workload
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.net import free_loopback_port
-from bostudio.runtime.process import ServerProcess
+from bostudio.hardware.cpu import one_cpu_per_core, smt_siblings
+from bostudio.runtime.process import ServerProcess, set_cpu_affinity
 from bostudio.speculation import DRAFT_N_MAX, NGRAM_VARIANTS, SpecRequest, Speculator, parse_spec
 
 if TYPE_CHECKING:
     from bostudio.bench.load import CompetingLoad
 
-COMPLETION_TIMEOUT_S = 900.0  # one request on a loaded shared CPU can take minutes
+COMPLETION_TIMEOUT_S = 900.0
+CALIBRATION_TOKENS = 1024  # a prompt on which a server's own speed shows (4 turns in 5 of a session are longer)
+CALIBRATION_SPREAD = 0.03  # servers doing the same work may differ this much in prefill speed, not more
+CALIBRATION_TRIES = 3  # one request on a loaded shared CPU can take minutes
 READY_TIMEOUT_S = 600.0
 DEFAULT_SELF_DRAFT = "Q2_K"
 
@@ -47,6 +52,12 @@ class BenchConfig:
     label: str
     speculator: Speculator
     threads: str = "planned"  # planned (the plan's -t/-tb) | all (every core) | T | T/TB
+
+    @property
+    def same_prefill(self) -> bool:
+        """Whether its server does exactly off's work on a prompt: off and the n-gram speculators (a draft
+        model or MTP heads prefill too)."""
+        return self.speculator.kind in ("none", "ngram") and self.speculator.draft is None
 
 
 def parse_threads(value: str | None) -> list[str]:
@@ -181,6 +192,7 @@ class Bench:
         self.threads = planned  # the plan's CPU threads (None: cores unknown)
         self.cores = planned.cores if planned is not None else (os.cpu_count() or 1)
         self.servers: list[_Server] = []
+        self.start_order: tuple[str, ...] = ()
 
     def argv(self, config: BenchConfig, port: int) -> list[str]:
         spec = self.decision.launch_spec(port=port, alias=model_name(self.info.path), speculator=config.speculator)
@@ -189,16 +201,29 @@ class Bench:
         return build_argv(self.engine.path, self.engine.flags, spec)
 
     def __enter__(self) -> "Bench":
-        logdir = paths.logs_dir() / "bench" / str(os.getpid())  # concurrent benches keep their own logs
+        self._logdir = paths.logs_dir() / "bench" / str(os.getpid())  # concurrent benches keep their own logs
+        self._starts = 0
+        self.start_order = tuple(c.label for c in self.configs)
+        self._start(list(range(len(self.configs))))
+        return self
+
+    def _start(self, order: Sequence[int]) -> None:
+        """Start every configuration's server, in `order` (indices into the configurations); wait for all, warm
+        each up. `servers` stays in the configurations' order. On failure every server is stopped."""
+        self._starts += 1
+        started = dict(enumerate(self.servers))  # a partial restart keeps the others
         try:
-            for c in self.configs:
+            for i in order:
+                c = self.configs[i]
                 port = free_loopback_port()
                 safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in c.label)
-                proc = ServerProcess(self.argv(c, port), port, logdir / f"{safe}.log")
-                self.servers.append(_Server(c, proc))
+                suffix = "" if self._starts == 1 else f".{self._starts}"
+                proc = ServerProcess(self.argv(c, port), port, self._logdir / f"{safe}{suffix}.log")
+                started[i] = _Server(c, proc)
+                self.servers = [started[k] for k in sorted(started)]
                 self.progress(f"starting llama-server for {c.label} (log: {proc.log_path})")
                 proc.start()
-            for s in self.servers:
+            for s in (started[i] for i in order):
                 s.proc.wait_ready(timeout=READY_TIMEOUT_S)
                 s.client = LlamaClient(s.proc.base_url, timeout=httpx.Timeout(COMPLETION_TIMEOUT_S, connect=5.0),
                                        name=f"llama-server ({s.config.label})", log_path=s.proc.log_path)
@@ -206,7 +231,85 @@ class Bench:
         except BaseException:
             self.__exit__()
             raise
-        return self
+
+    def restart(self, rotate: int) -> None:
+        """Stop every server and start fresh ones, the start order rotated by `rotate`. Two servers with the same
+        argv can differ by 20% in prefill speed for their whole life (measured here: the first started of five,
+        every turn of a session; cause unknown: where the process's threads or memory landed). Fresh servers
+        for every pass keep that luck with one pass instead of one configuration."""
+        self.__exit__()
+        self.servers = []
+        n = len(self.configs)
+        order = [(i + rotate) % n for i in range(n)]
+        self.start_order = tuple(self.configs[i].label for i in order)
+        self._start(order)
+
+    def prefill_rate(self, server: _Server, variant: int) -> float:
+        """`server`'s prefill speed on CALIBRATION_TOKENS of the project's code (not cached), tokens a second."""
+        assert server.client is not None
+        t = server.client.completion(self.context_prompt(CALIBRATION_TOKENS, variant), 1,
+                                     timeout=COMPLETION_TIMEOUT_S, what="a calibration prefill").get("timings") or {}
+        ms = float(t.get("prompt_ms") or 0.0)
+        return float(t.get("prompt_n") or 0) / ms * 1000 if ms > 0 else 0.0
+
+    def even_out(self, tries: int = CALIBRATION_TRIES) -> dict:
+        """Servers that do the same work on a prompt (BenchConfig.same_prefill) should prefill at the same speed;
+        a process can be 10-20% off for its whole life (see restart). Measure each on the same prompt, every
+        server held on the same cores; restart those more than CALIBRATION_SPREAD / 2 from the median and
+        measure again, up to `tries` times. Returns the last measurement ({label: tok/s}), its spread and the
+        configurations restarted. The caller pauses any competing load first."""
+        idx = [i for i, c in enumerate(self.configs) if c.same_prefill]
+        restarted: list[str] = []
+        rates: dict[str, float] = {}
+        for attempt in range(1, tries + 1):
+            if len(idx) < 2:
+                break
+            rates = {self.configs[i].label: self.prefill_rate(self.servers[i], attempt) for i in idx}
+            med = statistics.median(rates.values())
+            slow_or_fast = [i for i in idx if med <= 0 or abs(rates[self.configs[i].label] / med - 1)
+                            > CALIBRATION_SPREAD / 2]
+            if not slow_or_fast or attempt == tries:
+                break
+            labels = [self.configs[i].label for i in slow_or_fast]
+            self.progress(f"calibration {attempt}: prefill tok/s {', '.join(f'{k} {v:.0f}' for k, v in rates.items())}"
+                          f"; restarting {', '.join(labels)} (more than {100 * CALIBRATION_SPREAD / 2:.1f}% from "
+                          f"the median)")
+            restarted += labels
+            for i in slow_or_fast:
+                s = self.servers[i]
+                if s.client is not None:
+                    s.client.close()
+                s.proc.stop()
+            self._start(slow_or_fast)
+            self.hold_cores(True)
+        spread = max(rates.values()) / min(rates.values()) - 1 if len(rates) > 1 and min(rates.values()) > 0 else None
+        return {"prefill_tok_s": {k: round(v, 1) for k, v in rates.items()},
+                "spread": None if spread is None else round(spread, 4), "restarted": restarted}
+
+    def threads_of(self, config: BenchConfig) -> int:
+        """The most CPU threads `config`'s server runs (its -t or -tb, whichever is larger)."""
+        argv = self.argv(config, 0)
+        found = [int(argv[i + 1]) for i, a in enumerate(argv[:-1]) if a in ("-t", "-tb") and argv[i + 1].isdigit()]
+        return max(found, default=self.cores)
+
+    def hold_cores(self, held: bool) -> list[int] | None:
+        """With `held`: every server's threads on the same cores, one logical CPU per physical core from the end
+        of this process's CPUs, as many as the most threads any configuration runs. The servers take turns, so
+        none gets a core the others do not. Without: every CPU again (beside a competing load the kernel must be
+        free to move a server away from it). Returns the cores held; None when nothing is held."""
+        cpus: list[int] | None = None
+        if held and hasattr(os, "sched_getaffinity"):
+            allowed = sorted(os.sched_getaffinity(0))
+            want = max((self.threads_of(c) for c in self.configs), default=len(allowed))
+            picked = one_cpu_per_core(allowed, smt_siblings, want)
+            cpus = picked if len(picked) < len(allowed) else None  # every CPU: nothing to hold
+        pids = [s.proc.pid for s in self.servers if s.proc.pid is not None]
+        done = [set_cpu_affinity(pid, set(cpus) if cpus else None) for pid in pids]
+        if cpus and not (all(done) and all(sorted(os.sched_getaffinity(pid)) == cpus for pid in pids)):
+            for pid in pids:  # the OS refused for one of them: hold none, rather than some
+                set_cpu_affinity(pid, None)
+            cpus = None
+        return cpus
 
     def __exit__(self, *exc: object) -> None:
         for s in self.servers:

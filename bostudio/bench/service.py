@@ -121,7 +121,7 @@ def run_agent_bench(opts: BenchOptions, progress: Callable[[int, int, str], None
     # prefix from turn to turn), and the slots are erased before each pass (which needs --slot-save-path).
     with tempfile.TemporaryDirectory(prefix="bostudio-bench-slots-") as slots, CompetingLoad(opts.load) as load, \
             Bench(info, engine, configs, ctx, note, ("-cram", "0", "--slot-save-path", slots)) as bench:
-        turns = agent.run_sessions(bench, sessions, tokens, load if opts.load else None, progress)
+        turns, passes = agent.run_sessions(bench, sessions, tokens, load if opts.load else None, progress)
         argv = {c.label: bench.argv(c, 0)[1:] for c in configs}
         threads = bench.threads
     per_session = agent.sessions_json(turns)
@@ -129,6 +129,7 @@ def run_agent_bench(opts: BenchOptions, progress: Callable[[int, int, str], None
            "model_path": str(path), "workload": list(opts.workloads), "runs": opts.runs, "tokens_per_turn": tokens,
            "ctx": ctx, "load": opts.load, "threads": threads.to_json() if threads is not None else None,
            "sessions": per_session, "projection": agent.projection(per_session),
+           "passes": agent.passes_json(passes, turns, [c.label for c in configs if c.same_prefill]),
            "configs": {c.label: {"spec_types": list(c.speculator.spec_types), "threads": c.threads,
                                  "draft": str(c.speculator.draft) if c.speculator.draft else None,
                                  "argv": argv[c.label]} for c in configs}}

@@ -2,9 +2,9 @@
 
 The sweep is tune's (candidates, successive halving, the off-or-not rule, the profile), with one session pass
 as the unit instead of one prompt: each candidate replays the session turn by turn beside the baseline (off),
-the two alternating who goes first each turn, both servers' slots erased before the pass. A pass's figure is
-the session's output tokens over its wall time (prefill, first tokens and decode together), so the paired
-ratio candidate/off is the ratio of the session wall times.
+the two alternating who goes first each turn, both on fresh servers for every pass (agent.run_sessions). A
+pass's figure is the session's output tokens over its wall time (prefill, first tokens and decode together),
+so the paired ratio candidate/off is the ratio of the session wall times.
 
 The budget is a bound: before each pass, its cost is estimated from the passes measured so far (the most
 expensive one: a session costs about the same on every configuration, and prefill dominates it), and a pass
@@ -72,46 +72,47 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
     name = Path(workload).name if workload != "agent" else workload
     with tempfile.TemporaryDirectory(prefix="bostudio-tune-slots-") as slots:
         args = ("-cram", "0", "--slot-save-path", slots)
-        with Bench(info, engine, [off], ctx, progress, args) as base:
-            alive = pool
-            while alive:
-                n = passes_this_round(rounds + 1, time.monotonic() - started, budget_s, len(alive), costs)
-                if n == 0:
-                    progress(f"budget: {time.monotonic() - started:.0f} of {budget_s:.0f} s spent; round "
-                             f"{rounds + 1} ({len(alive)} candidate(s)) does not fit, the sweep stops at round {rounds}")
+        alive = pool
+        while alive:
+            n = passes_this_round(rounds + 1, time.monotonic() - started, budget_s, len(alive), costs)
+            if n == 0:
+                progress(f"budget: {time.monotonic() - started:.0f} of {budget_s:.0f} s spent; round "
+                         f"{rounds + 1} ({len(alive)} candidate(s)) does not fit, the sweep stops at round {rounds}")
+                break
+            rounds += 1
+            progress(f"round {rounds}: {len(alive)} candidate(s) x {n} session pass(es)")
+            sessions = [agent.fitted_session(workload, prefix_tokens, session_turns, TUNE_VARIANT + served + i,
+                                             n_tokens, info.n_ctx_train, progress) for i in range(n)]
+            sessions = [replace(x, name=f"{x.name}#{served + i + 1}") for i, x in enumerate(sessions)]
+            served += n
+            measured = []
+            for t in alive:
+                if not pass_fits(time.monotonic() - started, budget_s, [c * n for c in costs]):
+                    progress(f"budget: {time.monotonic() - started:.0f} of {budget_s:.0f} s spent in round "
+                             f"{rounds}; {len(alive) - len(measured)} candidate(s) left unmeasured")
                     break
-                rounds += 1
-                progress(f"round {rounds}: {len(alive)} candidate(s) x {n} session pass(es)")
-                sessions = [agent.fitted_session(workload, prefix_tokens, session_turns, TUNE_VARIANT + served + i,
-                                                 n_tokens, info.n_ctx_train, progress) for i in range(n)]
-                served += n
-                measured = []
-                for t in alive:
-                    if not pass_fits(time.monotonic() - started, budget_s, [c * n for c in costs]):
-                        progress(f"budget: {time.monotonic() - started:.0f} of {budget_s:.0f} s spent in round "
-                                 f"{rounds}; {len(alive) - len(measured)} candidate(s) left unmeasured")
-                        break
-                    t0 = time.monotonic()
-                    with Bench(info, engine, [BenchConfig(t.candidate.label, t.candidate.speculator)], ctx,
-                               progress, args) as cand:
-                        pair = _Pair(base.servers + cand.servers)
-                        for s in sessions:
-                            turns = agent.run_sessions(pair, [s], n_tokens, None, lambda *_: None)  # type: ignore[arg-type]
-                            totals = {c: agent.session_totals([x for x in turns if x.config == c])
-                                      for c in (OFF, t.candidate.label)}
-                            pid = len(t.samples)
-                            t.baseline.append(_sample(name, OFF, pid, totals[OFF]))
-                            t.samples.append(_sample(name, t.candidate.label, pid, totals[t.candidate.label]))
-                            base_decode.append(totals[OFF]["decode_tok_s"] or 0.0)
-                            cand_decode.setdefault(t.candidate.label, []).append(
-                                totals[t.candidate.label]["decode_tok_s"] or 0.0)
-                    costs.append((time.monotonic() - t0) / n)
-                    measured.append(t)
-                    progress(f"  {t.candidate.label}: session {t.speedup:.2f}x of off "
-                             f"({time.monotonic() - started:.0f}/{budget_s:.0f} s)")
-                if len(measured) <= 1:
-                    break
-                alive = halve(measured)
+                t0 = time.monotonic()
+                # Off and the candidate on fresh servers for every pass (run_sessions restarts them), so that
+                # no one server's own speed is under every candidate's ratio.
+                with Bench(info, engine, [off, BenchConfig(t.candidate.label, t.candidate.speculator)], ctx,
+                           progress, args) as pair:
+                    turns, _ = agent.run_sessions(pair, sessions, n_tokens, None, lambda *_: None)
+                for s in sessions:
+                    totals = {c: agent.session_totals([x for x in turns if x.config == c and x.session == s.name])
+                              for c in (OFF, t.candidate.label)}
+                    pid = len(t.samples)
+                    t.baseline.append(_sample(name, OFF, pid, totals[OFF]))
+                    t.samples.append(_sample(name, t.candidate.label, pid, totals[t.candidate.label]))
+                    base_decode.append(totals[OFF]["decode_tok_s"] or 0.0)
+                    cand_decode.setdefault(t.candidate.label, []).append(
+                        totals[t.candidate.label]["decode_tok_s"] or 0.0)
+                costs.append((time.monotonic() - t0) / n)
+                measured.append(t)
+                progress(f"  {t.candidate.label}: session {t.speedup:.2f}x of off "
+                         f"({time.monotonic() - started:.0f}/{budget_s:.0f} s)")
+            if len(measured) <= 1:
+                break
+            alive = halve(measured)
     choice = choose_config(pool)
     chosen = choice.chosen.measured() if choice.chosen else None
     base_tok = statistics.median(s.tok_s for t in pool for s in t.baseline) if any(t.baseline for t in pool) else 0.0
@@ -127,13 +128,6 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
     path = save_profile(profile)
     baseline = tuple(s.tok_s for t in pool for s in t.baseline)
     return TuneResult(profile, path, tuple(pool), baseline, rounds, time.monotonic() - started)
-
-
-class _Pair:
-    """The baseline's server and a candidate's, as agent.run_sessions takes a bench's servers."""
-
-    def __init__(self, servers: list) -> None:  # type: ignore[type-arg]
-        self.servers = servers
 
 
 def _sample(workload: str, config: str, pid: int, totals: dict) -> Sample:

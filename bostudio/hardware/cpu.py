@@ -1,9 +1,11 @@
-"""Host RAM through psutil: where the CPU backend and any layers not offloaded live."""
+"""Host RAM through psutil: where the CPU backend and any layers not offloaded live; and the cores a process
+may use (affinity, SMT siblings)."""
 
 from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 from bostudio.hardware.device import Device, ProbeResult
@@ -53,3 +55,36 @@ def _cpu_model() -> str | None:
     except OSError:
         return None
     return None
+
+
+def one_cpu_per_core(allowed: Sequence[int], siblings: Callable[[int], frozenset[int] | None], n: int) -> list[int]:
+    """`n` logical CPUs from `allowed`, at most one per physical core where `siblings` (a CPU's SMT siblings,
+    itself included; None: unknown) tells, taken from the end of the list (CPU 0 takes most interrupts).
+    Fewer when there are fewer cores; pure (the topology is passed in)."""
+    out: list[int] = []
+    seen: set[int] = set()
+    for cpu in sorted(allowed, reverse=True):
+        if len(out) == n:
+            break
+        if cpu in seen:
+            continue
+        out.append(cpu)
+        seen |= siblings(cpu) or {cpu}
+    return sorted(out)
+
+
+def smt_siblings(cpu: int) -> frozenset[int] | None:
+    """The logical CPUs sharing `cpu`'s physical core (Linux sysfs); None where it cannot be read."""
+    try:
+        with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list", encoding="ascii") as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        return None
+    return frozenset(cpus)

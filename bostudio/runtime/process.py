@@ -128,6 +128,27 @@ def process_matches(pid: int, create_time: float) -> psutil.Process | None:
     return None
 
 
+def set_cpu_affinity(pid: int, cpus: set[int] | None) -> bool:
+    """Every thread of process `pid` on `cpus` (None: every CPU this process may use). Threads the process
+    starts later inherit it from the thread that starts them. False where the OS has no affinity (macOS) or the
+    process is gone."""
+    if not hasattr(os, "sched_setaffinity"):
+        return False
+    target = cpus if cpus else os.sched_getaffinity(0)
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        tids = [pid]
+    done = False
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, target)
+            done = True
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return done
+
+
 def reap_group(pid: int, create_time: float, grace: float = 3.0) -> bool:
     """Stop a server a previous daemon left behind, identified by pid + create time, as a group
     (SIGTERM, then SIGKILL). Returns True if such a process existed."""
