@@ -189,6 +189,63 @@ def test_recorded_session_errors_are_clear(tmp_path: Path) -> None:
         recorded_session(bad)
 
 
+def test_calibration_restarts_the_servers_off_the_median_until_they_agree() -> None:
+    """Bench.even_out's rule on scripted speeds (no server): those more than 1.5% from the median of the
+    servers that prefill alike are restarted and everyone is measured again; a draft-model configuration is
+    never compared; one as fast as its predecessor is its configuration's own speed and stays; it gives up after
+    its tries and reports the last measurement."""
+    from bostudio.bench.runner import Bench, BenchConfig, _Server
+    from bostudio.speculation import Speculator
+
+    class Proc:
+        pid = None
+
+        def stop(self) -> None:
+            pass
+
+    configs = [BenchConfig("off", Speculator("none")), BenchConfig("ngram-mod", Speculator("ngram", ("ngram-mod",))),
+               BenchConfig("ngram-simple", Speculator("ngram", ("ngram-simple",))),
+               BenchConfig("draft", Speculator("draft", ("draft-simple",), draft=Path("d.gguf")))]
+
+    def bench(script: list[dict[str, float]]) -> tuple[Bench, list[list[str]]]:
+        b = Bench.__new__(Bench)
+        b.configs, b.progress = configs, lambda _msg: None
+        b.servers = [_Server(c, Proc()) for c in configs]  # type: ignore[arg-type]
+        starts: list[list[str]] = []
+        speeds = iter(script)
+        now: dict[str, float] = {}
+
+        def rate(server: _Server, variant: int) -> float:
+            if not now or server.config.label == "off":
+                now.clear()
+                now.update(next(speeds))
+            return now[server.config.label]
+
+        b.prefill_rate = rate  # type: ignore[method-assign]
+        b._start = lambda order: starts.append([configs[i].label for i in order])  # type: ignore[method-assign]
+        b.hold_cores = lambda held: None  # type: ignore[method-assign]
+        return b, starts
+
+    b, starts = bench([{"off": 480, "ngram-mod": 440, "ngram-simple": 441},
+                       {"off": 441, "ngram-mod": 440, "ngram-simple": 442}])
+    got = b.even_out()
+    assert starts == [["off"]]  # 480 is 8.8% above the median; 440 and 441 agree
+    assert got == {"prefill_tok_s": {"off": 441, "ngram-mod": 440, "ngram-simple": 442}, "spread": 0.0045,
+                   "restarted": ["off"]}
+    b, starts = bench([{"off": 500, "ngram-mod": 400, "ngram-simple": 450}, {"off": 430, "ngram-mod": 470,
+                                                                             "ngram-simple": 450},
+                       {"off": 470, "ngram-mod": 450, "ngram-simple": 450}])
+    got = b.even_out()
+    assert starts == [["off", "ngram-mod"]] * 2 and got["spread"] == 0.0444  # 3 tries, then the last is reported
+    # a configuration that is faster on every restart is that configuration: restarted once, then accepted
+    b, starts = bench([{"off": 465, "ngram-mod": 487, "ngram-simple": 465}, {"off": 466, "ngram-mod": 486,
+                                                                             "ngram-simple": 465}])
+    got = b.even_out()
+    assert starts == [["ngram-mod"]] and got["restarted"] == ["ngram-mod"] and got["spread"] == 0.0452
+    b, starts = bench([{"off": 450, "ngram-mod": 451, "ngram-simple": 449}])
+    assert b.even_out()["restarted"] == [] and starts == []
+
+
 def test_threads_settings() -> None:
     assert parse_threads(None) == ["planned"] and parse_threads("planned,all,1,2/4") == ["planned", "all", "1", "2/4"]
     for bad in ("none", "0", "1/2/3", "planned,planned"):
