@@ -102,18 +102,24 @@ def run_agent(daemon: DaemonProc, agent: str, argv: list[str], home: Path,
     cfg = launch_print(daemon, agent)
     assert cfg["model"] == GEMMA and cfg["ctx"] >= 16384  # the planned context, not the daemon's 4096
     before = len(child_log(daemon))
+    pid_before = daemon.instance(GEMMA).get("pid")
     errors = daemon.instance(GEMMA)["stats"]["errors"]
     work = home / "work"
     work.mkdir(parents=True, exist_ok=True)
     out = subprocess.run([cfg["binary"], *argv], env=agent_env(daemon, cfg, home), cwd=work, capture_output=True,
                          text=True, timeout=HANG_GUARD_S, stdin=subprocess.DEVNULL)
-    log = child_log(daemon)[before:]
+    log = child_log(daemon)
+    # The daemon may relaunch the child at an idle moment (auto's acceptance check), and the new child's log
+    # starts afresh: then the whole new log is the run's.
+    relaunched = daemon.instance(GEMMA).get("pid") != pid_before or len(log) < before
+    log = log if relaunched else log[before:]
     evaluated = evaluated_prompt_tokens(log)
     # What the base model answers is its Q4 arithmetic on this CPU: it may end its turn at once, and the
     # agent then prints an empty answer. Asserted: the agent finished its turn without an error, its
     # requests reached llama-server, and the daemon failed none of them.
     assert ok(out), f"{agent} failed ({out.returncode}): {out.stderr[-3000:]}\n{out.stdout[-2000:]}"
-    assert evaluated, f"{agent}'s requests never reached llama-server"
+    assert evaluated, (f"{agent}'s requests never reached llama-server (child relaunched: {relaunched}): "
+                       f"{out.stderr[-2000:]}\n{out.stdout[-1000:]}")
     assert daemon.instance(GEMMA)["stats"]["errors"] == errors, "the daemon failed a request"
     return out, evaluated, log
 
