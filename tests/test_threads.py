@@ -166,7 +166,9 @@ def test_set_cpu_affinity_holds_every_thread_and_lets_go() -> None:
 
     from bostudio.runtime.process import set_cpu_affinity
 
-    code = "import threading, time\n[threading.Thread(target=time.sleep, args=(60,), daemon=True).start() for _ in range(3)]\nprint('up', flush=True)\ntime.sleep(60)"
+    code = ("import threading, time\n"
+            "[threading.Thread(target=time.sleep, args=(60,), daemon=True).start() for _ in range(3)]\n"
+            "print('up', flush=True)\ntime.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "up"

@@ -1,9 +1,10 @@
 """`bench --workload agent|DIR`: whole agent sessions, turn by turn, through each configuration's llama-server.
 
 Every configuration gets its own server (runner.Bench); turn k goes to every server before turn k+1, in an
-order that rotates with k, so machine drift hits every side alike. Every pass gets fresh servers, held on the
-same cores when alone, and the JSON says how far their prefill speeds were apart on the same work. Each server sees the session as an agent
-would send it: the same prefix, a conversation that grows, its own prompt cache.
+order that rotates with k, so machine drift hits every side alike. Every pass gets fresh, calibrated servers,
+held on the same cores when alone, and the JSON says how far their prefill speeds were apart on the same work.
+Each server sees the session as an agent would send it: the same prefix, a conversation that grows, its own
+prompt cache.
 
 Per turn: first-token time (measured at the client, to the first generated text or tool call), prefill
 tokens (evaluated vs taken from the cache: a cache hit), decode tok/s, drafted/accepted, wall time. Per

@@ -35,10 +35,10 @@ from bostudio.speculation import DRAFT_N_MAX, NGRAM_VARIANTS, SpecRequest, Specu
 if TYPE_CHECKING:
     from bostudio.bench.load import CompetingLoad
 
-COMPLETION_TIMEOUT_S = 900.0
+COMPLETION_TIMEOUT_S = 900.0  # one request on a loaded shared CPU can take minutes
 CALIBRATION_TOKENS = 1024  # a prompt on which a server's own speed shows (4 turns in 5 of a session are longer)
 CALIBRATION_SPREAD = 0.03  # servers doing the same work may differ this much in prefill speed, not more
-CALIBRATION_TRIES = 3  # one request on a loaded shared CPU can take minutes
+CALIBRATION_TRIES = 3
 READY_TIMEOUT_S = 600.0
 DEFAULT_SELF_DRAFT = "Q2_K"
 
@@ -174,6 +174,12 @@ class _Server:
     client: LlamaClient | None = None
 
 
+def _stop(server: _Server) -> None:
+    if server.client is not None:
+        server.client.close()
+    server.proc.stop()
+
+
 class Bench:
     """The servers of one bench run. Use as a context manager: every server stops on exit."""
 
@@ -235,8 +241,9 @@ class Bench:
     def restart(self, rotate: int) -> None:
         """Stop every server and start fresh ones, the start order rotated by `rotate`. Two servers with the same
         argv can differ by 20% in prefill speed for their whole life (measured here: the first started of five,
-        every turn of a session; cause unknown: where the process's threads or memory landed). Fresh servers
-        for every pass keep that luck with one pass instead of one configuration."""
+        every turn of a session; the lead: llama.cpp's `-fa auto` left some processes at `-fa on` speed and
+        others at `-fa off` speed). Fresh servers for every pass keep that luck with one pass instead of one
+        configuration."""
         self.__exit__()
         self.servers = []
         n = len(self.configs)
@@ -258,8 +265,9 @@ class Bench:
         server held on the same cores; restart those more than CALIBRATION_SPREAD / 2 from the median and
         measure again, up to `tries` times. A restarted server that is as fast as its predecessor (within
         CALIBRATION_SPREAD / 2) shows its configuration's own speed, not luck, and is not restarted again
-        (ngram-mod prefilled 1,024 tokens 4-5% faster than off on every restart here). Returns the last measurement ({label: tok/s}), its spread and the
-        configurations restarted. The caller pauses any competing load first."""
+        (ngram-mod prefilled 1,024 tokens 4-5% faster than off on every restart here). Returns the last
+        measurement ({label: tok/s}), its spread and the configurations restarted. The caller pauses any
+        competing load first."""
         idx = [i for i, c in enumerate(self.configs) if c.same_prefill]
         restarted: list[str] = []
         rates: dict[str, float] = {}
@@ -283,10 +291,7 @@ class Bench:
                           f"the median)")
             restarted += labels
             for i in slow_or_fast:
-                s = self.servers[i]
-                if s.client is not None:
-                    s.client.close()
-                s.proc.stop()
+                _stop(self.servers[i])
             self._start(slow_or_fast)
             self.hold_cores(True)
         spread = max(rates.values()) / min(rates.values()) - 1 if len(rates) > 1 and min(rates.values()) > 0 else None
@@ -320,9 +325,7 @@ class Bench:
 
     def __exit__(self, *exc: object) -> None:
         for s in self.servers:
-            if s.client is not None:
-                s.client.close()
-            s.proc.stop()
+            _stop(s)
 
     def send(self, server: _Server, prompt: str | list[int], tokens: int) -> dict:
         assert server.client is not None
