@@ -261,7 +261,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     caps = model_caps(model.path) if model.path.is_file() else None  # a hub model is planned from its header
     # The same gather -> decide as `up`, the daemon and bench (bostudio.launch): the same speculator choice
     # (tuned profile for the workload, pairing tables, auto-detection, compatibility check) and the same argv.
-    intent = LaunchIntent(ctx=args.ctx, cache_type=args.cache_type, spec=spec,
+    intent = LaunchIntent(ctx=args.ctx, cache_type=args.cache_type, spec=spec, flash_attn=args.flash_attn,
                           speculation=None if args.spec_mode == "auto" else args.spec_mode,
                           draft_cache_type=args.draft_cache_type, min_ctx=args.min_ctx, n_parallel=args.parallel,
                           reserve=int(args.reserve_gib * GIB), prompt_reuse=args.prompt_cache,
@@ -314,7 +314,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     if args.daemon:
         return cmd_up_daemon(args)
-    return run_up(UpOptions(model=args.model, ctx=args.ctx, cache_type=args.cache_type, spec=args.spec,
+    return run_up(UpOptions(model=args.model, ctx=args.ctx, cache_type=args.cache_type, flash_attn=args.flash_attn,
+                            spec=args.spec,
                             port=args.port or 8080, host=args.host, engine=args.engine, pull=args.pull,
                             workload=args.workload, rpc=args.rpc))
 
@@ -687,6 +688,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_flash_attn(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--flash-attn", default="auto", choices=("auto", "on", "off"),
+                   help="llama-server's -fa, always passed (default auto: the plan chooses; off on a CPU alone, "
+                        "where it slows prefill and decode, unless its memory costs context; on with a GPU or a "
+                        "quantized V cache)")
+
+
 def _add_serve_parsers(sub: argparse._SubParsersAction) -> None:
     """up, pair, devices, plan: serve one model, and what it would get."""
     p = sub.add_parser("up", parents=[_model_or_default()], help="serve a model with speculative decoding (foreground)",
@@ -698,6 +706,7 @@ def _add_serve_parsers(sub: argparse._SubParsersAction) -> None:
                         "model's training context)")
     p.add_argument("--cache-type", default="f16", metavar="T",
                    help="KV cache type: f16 (default), bf16, q8_0, q4_0, ... (quantized V turns flash attention on)")
+    _add_flash_attn(p)
     p.add_argument("--spec", default="auto", metavar="MODE",
                    help="auto | off | ngram | draft:PATH | mtp | self-draft:QUANT (default auto: what pays on "
                         "this machine; n-gram speculation on a CPU, the model's MTP head when it has one; "
@@ -778,6 +787,7 @@ def _add_serve_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-type", default="f16", metavar="TYPE",
                    help="KV cache type for -ctk/-ctv: f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1, f32 "
                         "(default f16)")
+    _add_flash_attn(p)
     p.add_argument("--draft-cache-type", default=None, metavar="TYPE",
                    help="the draft's KV cache type for -ctkd/-ctvd (default: the pairing's cache_type_k_draft, "
                         "else f16, llama.cpp's default)")

@@ -29,7 +29,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     opts = BenchOptions(model=args.model, workloads=workloads, spec=args.spec, ctx=args.ctx, runs=args.runs,
                         tokens=args.tokens, repeat=args.repeat, turns=args.turns,
                         tokens_per_turn=args.tokens_per_turn, engine=args.engine, load=args.load,
-                        threads=args.threads, prefix_tokens=args.prefix_tokens, session_turns=args.session_turns)
+                        threads=args.threads, flash_attn=args.flash_attn, prefix_tokens=args.prefix_tokens, session_turns=args.session_turns)
     if args.plot:  # checked before the run: found after an hour of measuring, a bad --plot would lose the hour
         import importlib.util
 
@@ -167,6 +167,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", default=None, metavar="LIST",
                    help="CPU thread settings to compare: planned (the plan's -t/-tb, the default), all (every "
                         "core), T or T/TB; e.g. --threads planned,all --load 1")
+    p.add_argument("--flash-attn", default=None, metavar="LIST",
+                   help="flash attention settings to compare: planned (the plan's -fa, the default), on, off; "
+                        "e.g. --flash-attn on,off")
     p.add_argument("--spec", default=None, metavar="LIST",
                    help="comma-separated configurations besides off: ngram-simple, ngram-map-k, ngram-map-k4v, "
                         "ngram-mod, ngram-cache, auto[@WORKLOAD] (as `up --workload` runs it: the tuned profile), "

@@ -33,6 +33,7 @@ class UpOptions:
     model: str | None = None
     ctx: int | None = None  # None: as large as fits, up to the training context
     cache_type: str = "f16"
+    flash_attn: str = "auto"  # auto: the plan chooses (off on a CPU alone, on with a GPU) | on | off
     spec: str = "auto"
     port: int = 8080
     host: str = "127.0.0.1"
@@ -70,7 +71,8 @@ def prepare_launch(opts: UpOptions, note=print) -> Prepared:  # type: ignore[no-
     workload = opts.workload or default_workload(model_name(model))
     pool = worker_pool(engine, workers, note)
     policy = resolve_pull_policy(opts.pull)
-    decision = gather_and_decide(info, engine, LaunchIntent(ctx=opts.ctx, cache_type=opts.cache_type, spec=opts.spec),
+    decision = gather_and_decide(info, engine, LaunchIntent(ctx=opts.ctx, cache_type=opts.cache_type, spec=opts.spec,
+                                                               flash_attn=opts.flash_attn),
                                  pool=pool, workload=workload, pull=policy,
                                  ask=interactive_ask() if policy == "ask" else None, log=note)
     launch = decision.launch_spec(port=opts.port, alias=model_name(model), host=opts.host)

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import anthropic
@@ -19,7 +20,7 @@ import pytest
 from bostudio.bench.agent import (TurnResult, _needed, fitted_session, prefill_spread, projection, session_ctx,
                                   session_totals, sessions_json)
 from bostudio.bench.load import CompetingLoad
-from bostudio.bench.runner import parse_threads, with_threads
+from bostudio.bench.runner import BenchConfig, parse_flash_attn, parse_threads, with_flash_attn, with_threads
 from bostudio.bench.sessions import (AGENT, ROUTES, Request, recorded_session, replay_request, shipped_session)
 from bostudio.daemon.record import Recorder
 from bostudio.errors import ConfigError
@@ -207,7 +208,7 @@ def test_calibration_restarts_the_servers_off_the_median_until_they_agree() -> N
                BenchConfig("ngram-simple", Speculator("ngram", ("ngram-simple",))),
                BenchConfig("draft", Speculator("draft", ("draft-simple",), draft=Path("d.gguf")))]
 
-    def bench(script: list[dict[str, float]]) -> tuple[Bench, list[list[str]]]:
+    def bench(script: list[dict[str, float]], configs: list[BenchConfig] = configs) -> tuple[Bench, list[list[str]]]:
         b = Bench.__new__(Bench)
         b.configs, b.progress = configs, lambda _msg: None
         b.servers = [_Server(c, Proc()) for c in configs]  # type: ignore[arg-type]
@@ -244,6 +245,32 @@ def test_calibration_restarts_the_servers_off_the_median_until_they_agree() -> N
     assert starts == [["ngram-mod"]] and got["restarted"] == ["ngram-mod"] and got["spread"] == 0.0452
     b, starts = bench([{"off": 450, "ngram-mod": 451, "ngram-simple": 449}])
     assert b.even_out()["restarted"] == [] and starts == []
+    # settings under test (--flash-attn, --threads) are meant to differ: each is compared with its own kind only
+    fa = [replace(c, label=f"{c.label} fa=on", flash_attn="on") for c in configs[:2]]
+    b, starts = bench([{"off": 440, "ngram-mod": 441, "off fa=on": 390, "ngram-mod fa=on": 389}],
+                      configs[:2] + fa)
+    assert b.even_out() == {"prefill_tok_s": {"off": 440, "ngram-mod": 441, "off fa=on": 390, "ngram-mod fa=on": 389},
+                            "spread": 0.0026, "restarted": []} and starts == []
+    b, starts = bench([{"off": 440, "ngram-mod": 441, "off fa=on": 390, "ngram-mod fa=on": 350},
+                       {"off": 440, "ngram-mod": 441, "off fa=on": 390, "ngram-mod fa=on": 391}], configs[:2] + fa)
+    assert b.even_out()["restarted"] == ["off fa=on", "ngram-mod fa=on"] and starts == [["off fa=on", "ngram-mod fa=on"]]
+
+
+def test_flash_attention_settings() -> None:
+    assert parse_flash_attn(None) == ["planned"] and parse_flash_attn("on,off") == ["on", "off"]
+    for bad in ("auto", "yes", "on,on"):
+        with pytest.raises(ConfigError):
+            parse_flash_attn(bad)
+    args = ["-ngl", "0", "-fa", "off", "-t", "1"]
+    assert with_flash_attn(args, "planned") == args
+    assert with_flash_attn(args, "on") == ["-ngl", "0", "-t", "1", "-fa", "on"]
+    assert with_flash_attn(["-ngl", "0"], "off") == ["-ngl", "0", "-fa", "off"]
+    from bostudio.bench.service import with_settings
+    from bostudio.speculation import Speculator
+    got = with_settings([BenchConfig("off", Speculator("none"))], "planned,1", "on,off")
+    assert [(c.label, c.threads, c.flash_attn) for c in got] == [
+        ("off fa=on", "planned", "on"), ("off t=1 fa=on", "1", "on"), ("off fa=off", "planned", "off"),
+        ("off t=1 fa=off", "1", "off")]
 
 
 def test_threads_settings() -> None:

@@ -150,7 +150,7 @@ def test_memory_never_decreases_as_context_grows(base: ModelInfo, p: dict, cache
     m = build(base, p)
     lo, hi = sorted((c1 * 256, c2 * 256))
     devs = (Device("nvidia", "cuda", "gpu", 0, 24 * GIB), Device("cpu", "cpu", "host", 0, 64 * GIB))
-    intent = Intent(cache_type_k=cache, cache_type_v=cache, n_parallel=np_, flash_attn=fa or cache != "f16")
+    intent = Intent(cache_type_k=cache, cache_type_v=cache, n_parallel=np_, flash_attn="on" if fa or cache != "f16" else "off")
     spec, draft = speculator(kind, base)
     for ngl in (0, m.n_layer // 2, m.n_block + 1):
         small, _ = memory_uses(m, devs, intent, spec, lo, ngl, draft)
@@ -266,13 +266,50 @@ def test_mtp_needs_nextn_layers(base: ModelInfo) -> None:
         plan(shape(base, n_layer=8), GPU24, Intent(), MTP_SPEC)
 
 
+def _fa(p) -> str:  # type: ignore[no-untyped-def]
+    args = p.llama_args()
+    return args[args.index("-fa") + 1]
+
+
+def test_flash_attention_is_always_chosen_off_on_a_cpu_alone_on_with_a_gpu(base: ModelInfo) -> None:
+    """llama-server's own auto is on for a CPU, where it is slower: the plan always passes -fa."""
+    m = shape(base, n_layer=8, n_ctx_train=32768)
+    cpu = plan(m, (Device("cpu", "cpu", "host", 0, 64 * GIB),), Intent(), NO_SPEC)
+    assert (cpu.intent.flash_attn, _fa(cpu)) == ("off", "off") and "CPU only" in cpu.flash_attn_why
+    gpu = plan(m, GPU24, Intent(), NO_SPEC)
+    assert (gpu.intent.flash_attn, _fa(gpu)) == ("on", "on") and "GPU" in gpu.flash_attn_why
+    quant = plan(m, (Device("cpu", "cpu", "host", 0, 64 * GIB),), Intent(cache_type_k="q8_0", cache_type_v="q8_0"))
+    assert _fa(quant) == "on" and "q8_0 V cache needs it" in quant.flash_attn_why
+    asked = plan(m, GPU24, Intent(flash_attn="off"), NO_SPEC)
+    assert _fa(asked) == "off" and asked.flash_attn_why == "off as asked"
+    with pytest.raises(PlanError, match="needs flash attention"):
+        plan(m, GPU24, Intent(cache_type_k="q4_0", cache_type_v="q4_0", flash_attn="off"))
+    with pytest.raises(PlanError, match="flash attention must be"):
+        Intent(flash_attn="yes")
+
+
+def test_flash_attention_stays_on_a_cpu_when_its_memory_would_cost_context(base: ModelInfo) -> None:
+    """Without flash attention the KQ scores take n_ubatch x context x heads f32: on a CPU that is just big
+    enough for the training context with it, off would shrink the context, so auto keeps it on."""
+    m = shape(base, n_layer=8, n_ctx_train=32768)
+    big = (Device("cpu", "cpu", "host", 0, 64 * GIB),)
+    with_fa = plan(m, big, Intent(flash_attn="on"), NO_SPEC).chosen
+    without = plan(m, big, Intent(flash_attn="off"), NO_SPEC).chosen
+    assert without.total > with_fa.total  # the scores' buffer
+    tight = (Device("cpu", "cpu", "host", 0, with_fa.total + Intent().reserve + 64 * MIB),)
+    p = plan(m, tight, Intent(), NO_SPEC)
+    off = plan(m, tight, Intent(flash_attn="off"), NO_SPEC)
+    assert off.chosen.n_ctx < p.chosen.n_ctx == 32768
+    assert _fa(p) == "on" and f"only {off.chosen.n_ctx} tokens fit" in p.flash_attn_why
+
+
 def test_plan_for_launch_gives_the_launch_flags(base: ModelInfo) -> None:
     m = shape(base, n_layer=8, layer_bytes=10 * MIB, n_nextn=1)
     p = plan_for_launch(m, GPU24, ctx=8192, cache_type="q8_0", speculator=MTP_SPEC)
     args = p.llama_args()
     assert args[:4] == ["-c", "8192", "-ngl", "10"]  # 8 trunk + 1 NextN layer + output
     assert ["-ctk", "q8_0", "-ctv", "q8_0"] == args[args.index("-ctk"):args.index("-ctk") + 4]
-    assert "-fa" in args  # a quantized V cache needs flash attention
+    assert args[args.index("-fa") + 1] == "on"  # a quantized V cache needs flash attention
     with pytest.raises(PlanError, match="does not fit"):
         plan_for_launch(shape(base, n_layer=80, layer_bytes=2 * GIB), (Device("cpu", "cpu", "h", 0, 16 * GIB),))
 

@@ -74,10 +74,16 @@ class Case:
     spec: str = "none"          # none | draft | mtp | ngram
     draft_cache: str = "f16"
     n_parallel: int = 4
+    flash_attn: str = "auto"  # auto: the plan's choice (off on this CPU-only HOST, on with a quantized V cache)
 
 
 CASES = [
     Case("llama-4k", "llama-dense", 4096),
+    # flash attention asked on with an f16 cache (what a GPU gets): its compute buffer and unpadded V rows
+    Case("llama-4k-fa", "llama-dense", 4096, flash_attn="on"),
+    Case("gemma3-swa-4k-fa", "gemma3-dense", 4096, flash_attn="on"),
+    Case("deepseek2-mla-4k-fa", "deepseek2-moe", 4096, flash_attn="on"),
+    Case("gemma-real-4k-fa", "gemma-real", 4096, flash_attn="on"),
     Case("llama-16k-q8", "llama-dense", 16384, cache="q8_0"),
     Case("qwen3-8k-q4", "qwen3-dense", 8192, cache="q4_0", n_parallel=2),
     Case("moe-4k", "qwen3moe-moe", 4096),
@@ -112,8 +118,12 @@ def case_plan(case: Case, models: dict[str, ModelInfo]) -> tuple[Plan, list[str]
             "draft": Speculator("draft", ("draft-simple",), draft=draft.path if draft else None, n_max=8)}[case.spec]
     intent = Intent(ctx=case.ctx, speculation="on" if case.spec != "none" else "off",
                     cache_type_k=case.cache, cache_type_v=case.cache, n_parallel=case.n_parallel,
-                    draft_cache_type_k=case.draft_cache, draft_cache_type_v=case.draft_cache)
+                    draft_cache_type_k=case.draft_cache, draft_cache_type_v=case.draft_cache,
+                    flash_attn=case.flash_attn)
     p = plan(m, HOST, intent, spec, draft)
+    quant_v = "q" in case.cache or (case.spec in ("draft", "mtp") and "q" in case.draft_cache)
+    want = case.flash_attn if case.flash_attn != "auto" else "on" if quant_v else "off"
+    assert p.llama_args()[p.llama_args().index("-fa") + 1] == want  # always explicit, never llama.cpp's auto
     spec_args = ["--spec-type", ",".join(spec.spec_types)] if spec.kind != "none" else []
     spec_args += ["--spec-draft-n-max", str(spec.n_max)] if spec.n_max is not None else []
     spec_args += ["-md", str(spec.draft)] if spec.draft else []

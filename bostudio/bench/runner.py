@@ -52,6 +52,7 @@ class BenchConfig:
     label: str
     speculator: Speculator
     threads: str = "planned"  # planned (the plan's -t/-tb) | all (every core) | T | T/TB
+    flash_attn: str = "planned"  # planned (the plan's -fa) | on | off
 
     @property
     def same_prefill(self) -> bool:
@@ -74,6 +75,26 @@ def parse_threads(value: str | None) -> list[str]:
     if len(set(out)) != len(out):
         raise ConfigError("a --threads setting is listed twice", "name each once")
     return out or ["planned"]
+
+
+def parse_flash_attn(value: str | None) -> list[str]:
+    """--flash-attn LIST: planned, on, off (default: planned only)."""
+    out = [p.strip() for p in (value or "planned").split(",") if p.strip()]
+    bad = [p for p in out if p not in ("planned", "on", "off")]
+    if bad:
+        raise ConfigError(f"--flash-attn value {bad[0]!r} is not planned, on or off", "e.g. --flash-attn on,off")
+    if len(set(out)) != len(out):
+        raise ConfigError("a --flash-attn setting is listed twice", "name each once")
+    return out or ["planned"]
+
+
+def with_flash_attn(args: Sequence[str], setting: str) -> list[str]:
+    """`args` with their -fa value replaced by `setting` (planned keeps the plan's)."""
+    out = list(args)
+    if setting != "planned":
+        i = out.index("-fa") if "-fa" in out else None
+        out = out[:i] + out[i + 2:] + ["-fa", setting] if i is not None else out + ["-fa", setting]
+    return out
 
 
 def with_threads(args: Sequence[str], setting: str, cores: int) -> list[str]:
@@ -202,8 +223,8 @@ class Bench:
 
     def argv(self, config: BenchConfig, port: int) -> list[str]:
         spec = self.decision.launch_spec(port=port, alias=model_name(self.info.path), speculator=config.speculator)
-        spec = replace(spec, extra_args=tuple(with_threads(spec.extra_args, config.threads, self.cores))
-                       + self.server_args)
+        args = with_flash_attn(with_threads(spec.extra_args, config.threads, self.cores), config.flash_attn)
+        spec = replace(spec, extra_args=tuple(args) + self.server_args)
         return build_argv(self.engine.path, self.engine.flags, spec)
 
     def __enter__(self) -> "Bench":
@@ -262,13 +283,15 @@ class Bench:
     def even_out(self, tries: int = CALIBRATION_TRIES) -> dict:
         """Servers that do the same work on a prompt (BenchConfig.same_prefill) should prefill at the same speed;
         a process can be 10-20% off for its whole life (see restart). Measure each on the same prompt, every
-        server held on the same cores; restart those more than CALIBRATION_SPREAD / 2 from the median and
+        server held on the same cores; restart those more than CALIBRATION_SPREAD / 2 from the median of the
+        servers with the same --threads and --flash-attn setting and
         measure again, up to `tries` times. A restarted server that is as fast as its predecessor (within
         CALIBRATION_SPREAD / 2) shows its configuration's own speed, not luck, and is not restarted again
         (ngram-mod prefilled 1,024 tokens 4-5% faster than off on every restart here). Returns the last
         measurement ({label: tok/s}), its spread and the configurations restarted. The caller pauses any
         competing load first."""
         idx = [i for i, c in enumerate(self.configs) if c.same_prefill]
+        group = {i: (self.configs[i].threads, self.configs[i].flash_attn) for i in idx}  # settings under test differ
         restarted: list[str] = []
         rates: dict[str, float] = {}
         steady: set[int] = set()  # restarted and as fast as before: the configuration's own speed, not luck
@@ -280,9 +303,10 @@ class Bench:
             steady |= {i for i in idx if self.configs[i].label in restarted and before.get(self.configs[i].label)
                        and abs(rates[self.configs[i].label] / before[self.configs[i].label] - 1)
                        <= CALIBRATION_SPREAD / 2}
-            med = statistics.median(rates.values())
-            slow_or_fast = [i for i in idx if i not in steady and (med <= 0 or abs(
-                rates[self.configs[i].label] / med - 1) > CALIBRATION_SPREAD / 2)]
+            med = {g: statistics.median(rates[self.configs[i].label] for i in idx if group[i] == g)
+                   for g in set(group.values())}
+            slow_or_fast = [i for i in idx if i not in steady and sum(group[j] == group[i] for j in idx) > 1 and (
+                med[group[i]] <= 0 or abs(rates[self.configs[i].label] / med[group[i]] - 1) > CALIBRATION_SPREAD / 2)]
             if not slow_or_fast or attempt == tries:
                 break
             labels = [self.configs[i].label for i in slow_or_fast]
@@ -294,7 +318,12 @@ class Bench:
                 _stop(self.servers[i])
             self._start(slow_or_fast)
             self.hold_cores(True)
-        spread = max(rates.values()) / min(rates.values()) - 1 if len(rates) > 1 and min(rates.values()) > 0 else None
+        spreads = []
+        for g in set(group.values()):
+            same = [rates[self.configs[i].label] for i in idx if group[i] == g and self.configs[i].label in rates]
+            if len(same) > 1 and min(same) > 0:
+                spreads.append(max(same) / min(same) - 1)
+        spread = max(spreads) if spreads else None
         return {"prefill_tok_s": {k: round(v, 1) for k, v in rates.items()},
                 "spread": None if spread is None else round(spread, 4), "restarted": restarted}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from bostudio.bench import agent, measure
 from bostudio.bench.load import CompetingLoad
 from bostudio.bench.runner import (Bench, BenchConfig, Plan, bench_decision, config_names, parse_ctx_list,
-                                   parse_threads, resolve_configs, run, sweep_fits)
+                                   parse_flash_attn, parse_threads, resolve_configs, run, sweep_fits)
 from bostudio.bench.sessions import DEFAULT_PREFIX_TOKENS, DEFAULT_TURNS, is_session
 from bostudio.bench.workloads import resolve_workloads
 from bostudio.catalog.resolve import model_name, resolve_model
@@ -35,6 +35,7 @@ class BenchOptions:
     engine: str | None = None
     load: int = 0  # busy processes beside the servers (each sample alone and beside them)
     threads: str | None = None  # --threads LIST: planned, all, T, T/TB (default: planned)
+    flash_attn: str | None = None  # --flash-attn LIST: planned, on, off (default: planned)
     prefix_tokens: int = DEFAULT_PREFIX_TOKENS  # the shipped agent session's system prompt + tools
     session_turns: int = DEFAULT_TURNS  # the shipped agent session's turns
 
@@ -66,9 +67,9 @@ def run_bench(opts: BenchOptions, progress: Callable[[int, int, str], None],
                 raise
             note(f"context {sweep[-1]} does not fit this machine ({exc.message}): left out of the sweep")
             sweep = sweep[:-1]
-    configs = with_thread_settings(
+    configs = with_settings(
         [c for n in config_names(opts.spec, engine, info) for c in resolve_configs(n, info, engine, ctx, note)],
-        opts.threads)
+        opts.threads, opts.flash_attn)
     plan = Plan(workloads, opts.runs, tuple(sweep), opts.tokens, opts.repeat, len(configs))
     with CompetingLoad(opts.load) as load, Bench(info, engine, configs, ctx, note) as bench:
         samples = run(bench, plan, progress, load if opts.load else None)
@@ -85,11 +86,12 @@ def run_bench(opts: BenchOptions, progress: Callable[[int, int, str], None],
     return rows, projection, doc
 
 
-def with_thread_settings(configs: list[BenchConfig], threads: str | None) -> list[BenchConfig]:
-    """Each configuration once per --threads setting; labels name the setting when it is not the plan's."""
-    settings = parse_threads(threads)
-    return [replace(c, label=c.label if t == "planned" else f"{c.label} t={t}", threads=t)
-            for t in settings for c in configs]
+def with_settings(configs: list[BenchConfig], threads: str | None, flash_attn: str | None = None) -> list[BenchConfig]:
+    """Each configuration once per --threads and --flash-attn setting; labels name a setting that is not the
+    plan's."""
+    return [replace(c, label=c.label + (f" t={t}" if t != "planned" else "") + (f" fa={f}" if f != "planned" else ""),
+                    threads=t, flash_attn=f)
+            for f in parse_flash_attn(flash_attn) for t in parse_threads(threads) for c in configs]
 
 
 def run_agent_bench(opts: BenchOptions, progress: Callable[[int, int, str], None],
@@ -111,9 +113,9 @@ def run_agent_bench(opts: BenchOptions, progress: Callable[[int, int, str], None
     if opts.runs > 1:
         sessions = [replace(s, name=f"{s.name}#{i // len(opts.workloads) + 1}") for i, s in enumerate(sessions)]
     ctx = agent.session_ctx(sessions, tokens, info.n_ctx_train, note)
-    configs = with_thread_settings(
+    configs = with_settings(
         [c for n in config_names(opts.spec, engine, info) for c in resolve_configs(n, info, engine, ctx, note)],
-        opts.threads)
+        opts.threads, opts.flash_attn)
     for s in sessions:
         for skipped in s.skipped:
             note(f"{s.name}: not replayed (not a generation): {skipped}")
@@ -129,8 +131,11 @@ def run_agent_bench(opts: BenchOptions, progress: Callable[[int, int, str], None
            "model_path": str(path), "workload": list(opts.workloads), "runs": opts.runs, "tokens_per_turn": tokens,
            "ctx": ctx, "load": opts.load, "threads": threads.to_json() if threads is not None else None,
            "sessions": per_session, "projection": agent.projection(per_session),
-           "passes": agent.passes_json(passes, turns, [c.label for c in configs if c.same_prefill]),
+           # the pass's noise: servers doing the same work with the same settings (those of the first)
+           "passes": agent.passes_json(passes, turns, [c.label for c in configs if c.same_prefill and (
+               c.threads, c.flash_attn) == (configs[0].threads, configs[0].flash_attn)]),
            "configs": {c.label: {"spec_types": list(c.speculator.spec_types), "threads": c.threads,
+                                 "flash_attn": c.flash_attn,
                                  "draft": str(c.speculator.draft) if c.speculator.draft else None,
                                  "argv": argv[c.label]} for c in configs}}
     return [], measure.Projection(0, tokens, {}), doc

@@ -52,6 +52,7 @@ class StateKey:
     cache_type_v: str
     slots: str  # llama-server's slot layout ("auto": 4 slots, unified KV)
     swa_full: bool
+    flash_attn: bool = True  # without it the V cache is stored transposed, and a saved state will not load
 
     @property
     def digest(self) -> str:
@@ -59,10 +60,10 @@ class StateKey:
 
 
 def state_key(model: Path, engine_commit: str, ctx: int, cache_type: str = "f16", slots: str = "auto",
-              swa_full: bool = True) -> StateKey:
+              swa_full: bool = True, flash_attn: bool = True) -> StateKey:
     st = model.stat()
     return StateKey(str(model.resolve()), st.st_size, st.st_mtime_ns, engine_commit, ctx, cache_type, cache_type,
-                    slots, swa_full)
+                    slots, swa_full, flash_attn)
 
 
 @dataclass(frozen=True)

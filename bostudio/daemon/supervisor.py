@@ -730,7 +730,8 @@ class Supervisor:
         inst.layout = decision.layout
         reuse = self.slot_store is not None and decision.prompt_reuse
         inst.state_key = (await asyncio.to_thread(state_key, cfg.path, engine.commit, decision.ctx,
-                                                  planned.intent.cache_type_k, "auto", planned.intent.swa_full)
+                                                  planned.intent.cache_type_k, "auto", planned.intent.swa_full,
+                                                  planned.intent.flash_attn != "off")
                           if reuse else None)
         inst.plan = {"bytes": need, "weights_bytes": info.file_size, "ctx": decision.ctx, "ctx_asked": cfg.ctx,
                      "n_ctx_train": info.n_ctx_train,
@@ -738,6 +739,7 @@ class Supervisor:
                      "kind": caps.kind, "prompt_cache_bytes": planned.chosen.component_bytes(PROMPT_CACHE),
                      "budget_bytes": self.budget(), "why": planned.why,
                      "threads": planned.threads.to_json() if planned.threads is not None else None,
+                     "flash_attn": {"mode": planned.intent.flash_attn, "why": planned.flash_attn_why},
                      "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes}
                               for u in planned.chosen.uses],
                      "summary": f"{need / policy.MIB:.0f} MiB for {cfg.name} at ctx {decision.ctx} with "

@@ -58,6 +58,7 @@ class LaunchIntent:
     generates: bool = True
     verbosity: int | None = None  # -lv (None: 4 with RPC workers, to log each device's buffers)
     children: int = 1  # llama-servers sharing the host's cores with this one (planner.threads splits them)
+    flash_attn: str = "auto"  # -fa: auto (the plan chooses, planner.fit.choose_flash_attn) | on | off
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class LaunchInputs:
         return Intent(ctx=i.ctx, min_ctx=i.min_ctx, speculation=mode, cache_type_k=i.cache_type,
                       cache_type_v=i.cache_type, draft_cache_type_k=dk, draft_cache_type_v=dv,
                       n_parallel=i.n_parallel, reserve=i.reserve, prompt_cache=reuse, swa_full=reuse,
-                      children=i.children)
+                      children=i.children, flash_attn=i.flash_attn)
 
 
 @dataclass(frozen=True)

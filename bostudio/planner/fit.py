@@ -92,7 +92,7 @@ class Intent:
     n_parallel: int = 4
     n_ubatch: int = 512
     n_batch: int = 2048
-    flash_attn: bool = True
+    flash_attn: str = "auto"  # auto (plan() chooses: choose_flash_attn) | on | off
     reserve: int = 1 * GIB  # like llama.cpp's --fit-target 1024 MiB
     max_ctx: int | None = None  # an upper bound for the search (None: the training context)
     # Prompt reuse (the daemon): a host prompt cache (--cache-ram) as large as one copy of the KV
@@ -106,7 +106,12 @@ class Intent:
     def __post_init__(self) -> None:
         if self.speculation not in ("auto", "on", "off"):
             raise PlanError(f"speculation must be auto, on or off, not {self.speculation!r}")
+        if self.flash_attn not in FLASH_ATTN_MODES:
+            raise PlanError(f"flash attention must be auto, on or off, not {self.flash_attn!r}")
 
+
+FLASH_ATTN_MODES = ("auto", "on", "off")
+FULL_V_TYPES = ("f16", "bf16", "f32")  # V cache types llama.cpp runs without flash attention
 
 PROMPT_CACHE = "prompt cache (--cache-ram)"
 
@@ -172,6 +177,7 @@ class Plan:
     why: str
     spec_cost_bytes: int = 0
     spec_cost_tokens: int = 0
+    flash_attn_why: str = ""  # why intent.flash_attn is on or off (choose_flash_attn)
 
     @property
     def cost_line(self) -> str:
@@ -201,8 +207,8 @@ class Plan:
         o, i = self.chosen, self.intent
         args = ["-c", str(o.n_ctx), "-ngl", str(o.n_gpu_layers), "-np", str(i.n_parallel), "-kvu",
                 "-ctk", i.cache_type_k, "-ctv", i.cache_type_v, "-fit", "off"]
-        if i.cache_type_v not in ("f16", "bf16", "f32") or not i.flash_attn:
-            args += ["-fa", "on" if i.flash_attn else "off"]  # a quantized V cache needs flash attention
+        if i.flash_attn != "auto":  # always, once plan() has chosen: llama.cpp's own auto is on for a CPU
+            args += ["-fa", i.flash_attn]
         if o.split:
             # name the devices (their order is the -ts order) and fix each one's share of the layers
             args += ["-dev", ",".join(name for name, _ in o.split), "-ts", ",".join(str(c) for _, c in o.split)]
@@ -247,7 +253,7 @@ def _settings(intent: Intent, spec: _Spec, n_ctx: int) -> ContextSettings:
     return ContextSettings(
         n_ctx=n_ctx, n_parallel=intent.n_parallel, kv_unified=True, n_batch=intent.n_batch,
         n_ubatch=intent.n_ubatch, cache_type_k=intent.cache_type_k, cache_type_v=intent.cache_type_v,
-        flash_attn=intent.flash_attn, n_rs_seq=spec.n_max if spec.kind == "mtp" else 0,
+        flash_attn=intent.flash_attn != "off", n_rs_seq=spec.n_max if spec.kind == "mtp" else 0,
         n_outputs_max=n_outputs, swa_full=intent.swa_full)
 
 
@@ -700,6 +706,39 @@ def default_fallback(model: "ModelInfo") -> Speculator:
     return MTP_SPEC if model.n_nextn and model.has_mtp else NGRAM_SPEC
 
 
+def choose_flash_attn(model: "ModelInfo", devices: tuple[Device, ...], intent: Intent,
+                      speculator: Speculator = NO_SPEC) -> tuple[str, str]:
+    """Flash attention on or off for this plan, and why. Asked for (on/off) is kept; off with a quantized V
+    cache, the target's or a draft's (the draft context shares the setting), is refused (llama.cpp cannot
+    run it). auto: on with a quantized V cache (required) or any GPU
+    (llama.cpp's fused kernel, its own choice there); on a CPU alone, off, unless without it the attention
+    scores' buffer (n_ubatch x context x heads, f32) costs context that fits with it. llama.cpp resolves its
+    own auto to on for a CPU; measured here (2-core EPYC, Gemma 270M, 6,000-token prompt) that prefilled 11%
+    slower (436 -> 388 tok/s) and decoded 5% slower (81 -> 77) and took ngram-mod's 1.24x decode gain to
+    1.00x; llama.cpp #27086 (Arm Neoverse, up to 2x prefill) and llamafile #975 (Ice Lake, 16-74%) saw it too.
+    A process left to the default also landed at either speed from one start to the next."""
+    drafts = _plan_kind(speculator) in ("draft", "mtp") and intent.speculation != "off"
+    quant_v = next((f"{what}{t} V cache" for what, t in (("a ", intent.cache_type_v),
+                                                          ("the draft's ", intent.draft_cache_type_v if drafts else "f16"))
+                    if t not in FULL_V_TYPES), None)
+    if intent.flash_attn == "off" and quant_v:
+        raise PlanError(f"{quant_v} needs flash attention, and it was asked off",
+                        "use --flash-attn auto or on, or an f16 KV cache")
+    if intent.flash_attn != "auto":
+        return intent.flash_attn, f"{intent.flash_attn} as asked"
+    if quant_v:
+        return "on", f"on: {quant_v} needs it"
+    if any(d.is_gpu for d in devices):
+        return "on", "on: a GPU computes attention (llama.cpp's fused kernel)"
+    on = fit_option(model, devices, replace(intent, flash_attn="on"), NO_SPEC)
+    off = fit_option(model, devices, replace(intent, flash_attn="off"), NO_SPEC)
+    if on.fits and (not off.fits or off.n_ctx < on.n_ctx):
+        lost = f"only {off.n_ctx} tokens fit" if off.fits else "the model does not fit"
+        return "on", (f"on: without it the attention scores' buffer grows with the context ({lost}, "
+                      f"{on.n_ctx} with it)")
+    return "off", "off: CPU only (there it slows prefill and decode)"
+
+
 def plan(model: "ModelInfo", devices: Iterable[Device], intent: Intent = Intent(),
          speculator: Speculator = NO_SPEC, draft: "ModelInfo | None" = None,
          fallback: Speculator | None = None) -> Plan:
@@ -715,6 +754,13 @@ def plan(model: "ModelInfo", devices: Iterable[Device], intent: Intent = Intent(
     if speculator.kind == "mtp" and speculator.draft is None and not model.n_nextn:
         raise PlanError(f"{model.path.name} has no MTP (NextN) layers to speculate with",
                         "use n-gram speculation or a draft model")
+    fa, fa_why = choose_flash_attn(model, devs, intent, speculator)
+    return replace(_plan(model, devs, replace(intent, flash_attn=fa), speculator, draft, fallback),
+                   flash_attn_why=fa_why)
+
+
+def _plan(model: "ModelInfo", devs: tuple[Device, ...], intent: Intent, speculator: Speculator,
+          draft: "ModelInfo | None", fallback: Speculator | None) -> Plan:
     without = fit_option(model, devs, intent, NO_SPEC)
     label = spec_label(speculator)
     if speculator.kind == "none" or intent.speculation == "off":

@@ -268,7 +268,7 @@ def compute_buffer_bytes(m: "ModelInfo", s: ContextSettings, layers: list[int] |
     """Estimate of the worst-case graph buffer (src/llama-context.cpp sched_reserve): a ubatch of
     n_t = min(n_ctx, n_ubatch) tokens. Exact parts: the KQ masks (f16 with flash attention, f32
     without, one per full/SWA cache, n_kv x n_t) and without flash attention the KQ scores of one
-    layer (n_kv x n_t x n_head f32). Modelled part: the largest per-layer stage of activations; the
+    layer (n_kv x n_t x n_head f32), with MLA also a transposed copy of the latent V rows. Modelled part: the largest per-layer stage of activations; the
     last layer runs its FFN on the output rows only (get_rows(inp_out_ids))."""
     layers = list(range(m.n_layer)) if layers is None else layers
     if not layers:
@@ -287,6 +287,9 @@ def compute_buffer_bytes(m: "ModelInfo", s: ContextSettings, layers: list[int] |
     if not s.flash_attn and attn:
         n_head = max(m.n_head[il] for il in attn)
         kq = shape.n_ctx_seq * n_t * n_head * 4
+        if _is_mla(m):  # V is a view of the latent K rows, not stored transposed: the graph copies it
+            # transposed (llama-graph.cpp build_attn_mha, v_cont), n_kv x kv_lora_rank in the K cache's type
+            kq += cache_type(s.cache_type_k).row_bytes(shape.n_ctx_seq * (m.kv_lora_rank or m.head_dim_v))
     # Inputs such as the masks are freed after their last reader (ggml-alloc), so they count only
     # for stages up to the last attention layer.
     last_attn = max((layers.index(il) for il in attn), default=-1)

@@ -90,6 +90,8 @@ def render_plan(p: Plan) -> str:
     lines.append(f"choice: {spec_label(p.chosen.speculator)} at {p.chosen.n_ctx} tokens, -ngl {p.chosen.n_gpu_layers}")
     lines.append(f"why: {p.why}")
     lines += placement_lines(p)
+    if p.flash_attn_why:
+        lines.append(f"flash attention: {p.flash_attn_why}")
     t = p.threads
     if t is not None:
         lines.append(f"threads: -t {t.threads} -tb {t.threads_batch}: {t.why}")
@@ -117,6 +119,7 @@ def plan_json(p: Plan) -> dict[str, Any]:
             "spec_cost_bytes": p.spec_cost_bytes, "spec_cost_tokens": p.spec_cost_tokens,
             "llama_args": p.llama_args(), "placement": placement_lines(p),
             "threads": p.threads.to_json() if p.threads is not None else None,
+            "flash_attn": {"mode": p.intent.flash_attn, "why": p.flash_attn_why},
             "network": _network_json(p)}
 
 
