@@ -394,6 +394,34 @@ def test_session_tune_budget_is_estimated_from_measured_passes() -> None:
     assert passes_this_round(2, 95, 100, 2, [10]) == 0  # not even one pass each: the sweep stops
 
 
+def test_session_tune_keeps_room_to_confirm_its_leader() -> None:
+    """A choice needs MIN_PAIRED passes: at 210 s a pass and 900 s, round 1 measures three candidates (not four,
+    which would leave none choosable) and the leader then runs its second pass alone."""
+    from bostudio.bench.measure import Sample
+    from bostudio.bench.tune import Candidate, Tally
+    from bostudio.bench.tune_sessions import confirm_reserve, pass_fits, survivors
+    from bostudio.profiles import MIN_PAIRED
+    from bostudio.speculation import Speculator
+
+    assert MIN_PAIRED == 2 and confirm_reserve(1, [210.0, 200.0]) == 210.0 and confirm_reserve(2, [210.0]) == 0
+    assert confirm_reserve(1, []) == 0
+    elapsed, measured = 210.0, 1  # the first candidate's pass
+    while pass_fits(elapsed + confirm_reserve(1, [210.0]), 900, [210.0]):
+        elapsed, measured = elapsed + 210, measured + 1
+    assert (measured, elapsed) == (3, 630.0) and pass_fits(elapsed, 900, [210.0])  # room for the leader's second
+
+    def tally(label: str, tok_s: list[float]) -> Tally:
+        t = Tally(Candidate(label, Speculator("ngram", (label,))))
+        t.samples += [Sample("agent", None, label, i, v, None, 100, 0, 0) for i, v in enumerate(tok_s)]
+        t.baseline += [Sample("agent", None, "off", i, 1.0, None, 100, 0, 0) for i in range(len(tok_s))]
+        return t
+
+    a, b, c = tally("a", [1.05]), tally("b", [1.03]), tally("c", [1.04])
+    assert [t.candidate.label for t in survivors([a, b, c])] == ["a", "c"]  # halving, the leader first
+    assert survivors([a]) == [a]  # alone with one pass: measured again
+    assert survivors([tally("a", [1.05, 1.04])]) == [] and survivors([]) == []  # confirmed: done
+
+
 def test_tune_on_a_session_stays_within_its_budget(gemma_gguf: Path, engine, tmp_path: Path) -> None:
     """With a budget the first pass already spends, tune measures one candidate, starts nothing more and
     still writes a profile for the session."""

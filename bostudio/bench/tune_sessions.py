@@ -9,7 +9,9 @@ so the paired ratio candidate/off is the ratio of the session wall times.
 The budget is a bound: before each pass, its cost is estimated from the passes measured so far (the most
 expensive one: a session costs about the same on every configuration, and prefill dominates it), and a pass
 that would not end within the budget is not started. Only the very first pass has nothing to be estimated
-from; it always runs.
+from; it always runs. A choice needs MIN_PAIRED passes of a candidate, so a round of single passes keeps room
+to measure its leader again (confirm_reserve), and a round that does not fit for every survivor measures the
+leader alone.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bostudio.bench.measure import OFF, Sample
-from bostudio.profiles import ModelIdentity, Profile, engine_identity, save_profile
+from bostudio.profiles import MIN_PAIRED, ModelIdentity, Profile, engine_identity, save_profile
 from bostudio.bench.tune import (RANKED, TUNE_VARIANT, Tally, TuneResult, best_by_kind, break_even_acceptance,
                                  candidates, choose_config, halve, ranking)
 from bostudio.speculation import Speculator
@@ -45,6 +47,22 @@ def passes_this_round(round_no: int, elapsed_s: float, budget_s: float, survivor
         return want
     per = max(pass_costs) * max(1, survivors)
     return max(0, min(want, int((budget_s - elapsed_s) // per))) if per > 0 else want
+
+
+def confirm_reserve(passes: int, pass_costs: Sequence[float]) -> float:
+    """Seconds a round of `passes` session passes keeps free for measuring its leader again. A candidate needs
+    MIN_PAIRED paired passes to be chosen at all (profiles.beats_off), so a round of fewer does not start
+    another candidate when that would leave no room to confirm the best one (at 210 s a pass and 900 s,
+    four candidates once each would leave none of them choosable; three and the leader again can)."""
+    return max(pass_costs, default=0.0) * max(0, MIN_PAIRED - passes)
+
+
+def survivors(measured: list[Tally]) -> list[Tally]:
+    """The next round's candidates, the leader first: successive halving; a lone candidate goes on alone while
+    it has fewer than MIN_PAIRED passes (its confirmation), and then the sweep is done."""
+    if len(measured) == 1:
+        return measured if len(measured[0].samples) < MIN_PAIRED else []
+    return halve(measured) if measured else []
 
 
 def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, tokens: int | None,  # type: ignore[no-untyped-def]
@@ -75,6 +93,11 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
         alive = pool
         while alive:
             n = passes_this_round(rounds + 1, time.monotonic() - started, budget_s, len(alive), costs)
+            if (n == 0 and len(alive) > 1 and len(alive[0].samples) < MIN_PAIRED
+                    and pass_fits(time.monotonic() - started, budget_s, costs)):
+                progress(f"budget: round {rounds + 1} does not fit for {len(alive)} candidates; the leader, "
+                         f"{alive[0].candidate.label}, is measured again alone (a choice needs {MIN_PAIRED} passes)")
+                alive, n = alive[:1], 1
             if n == 0:
                 progress(f"budget: {time.monotonic() - started:.0f} of {budget_s:.0f} s spent; round "
                          f"{rounds + 1} ({len(alive)} candidate(s)) does not fit, the sweep stops at round {rounds}")
@@ -87,9 +110,11 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
             served += n
             measured = []
             for t in alive:
-                if not pass_fits(time.monotonic() - started, budget_s, [c * n for c in costs]):
+                reserve = confirm_reserve(n, costs) if measured else 0.0
+                if not pass_fits(time.monotonic() - started + reserve, budget_s, [c * n for c in costs]):
                     progress(f"budget: {time.monotonic() - started:.0f} of {budget_s:.0f} s spent in round "
-                             f"{rounds}; {len(alive) - len(measured)} candidate(s) left unmeasured")
+                             f"{rounds}; {len(alive) - len(measured)} candidate(s) left unmeasured"
+                             + (f" ({reserve:.0f} s kept to measure the leader again)" if reserve else ""))
                     break
                 t0 = time.monotonic()
                 # Off and the candidate on fresh servers for every pass (run_sessions restarts them), so that
@@ -110,9 +135,7 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
                 measured.append(t)
                 progress(f"  {t.candidate.label}: session {t.speedup:.2f}x of off "
                          f"({time.monotonic() - started:.0f}/{budget_s:.0f} s)")
-            if len(measured) <= 1:
-                break
-            alive = halve(measured)
+            alive = survivors(measured)
     choice = choose_config(pool)
     chosen = choice.chosen.measured() if choice.chosen else None
     base_tok = statistics.median(s.tok_s for t in pool for s in t.baseline) if any(t.baseline for t in pool) else 0.0
