@@ -29,7 +29,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     opts = BenchOptions(model=args.model, workloads=workloads, spec=args.spec, ctx=args.ctx, runs=args.runs,
                         tokens=args.tokens, repeat=args.repeat, turns=args.turns,
                         tokens_per_turn=args.tokens_per_turn, engine=args.engine, load=args.load,
-                        threads=args.threads, flash_attn=args.flash_attn, prefix_tokens=args.prefix_tokens, session_turns=args.session_turns)
+                        threads=args.threads, flash_attn=args.flash_attn, prefix_tokens=args.prefix_tokens,
+                        session_turns=args.session_turns)
     if args.plot:  # checked before the run: found after an hour of measuring, a bad --plot would lose the hour
         import importlib.util
 

@@ -55,6 +55,12 @@ class BenchConfig:
     flash_attn: str = "planned"  # planned (the plan's -fa) | on | off
 
     @property
+    def settings(self) -> tuple[str, str]:
+        """The settings under test besides the speculator (--threads, --flash-attn): servers of different
+        settings are meant to run at different speeds."""
+        return self.threads, self.flash_attn
+
+    @property
     def same_prefill(self) -> bool:
         """Whether its server does exactly off's work on a prompt: off and the n-gram speculators (a draft
         model or MTP heads prefill too)."""
@@ -88,30 +94,31 @@ def parse_flash_attn(value: str | None) -> list[str]:
     return out or ["planned"]
 
 
+def _without(args: Sequence[str], flags: tuple[str, ...]) -> list[str]:
+    """`args` without `flags` and the value after each."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a in flags:
+            skip = True
+            continue
+        out.append(a)
+    return out
+
+
 def with_flash_attn(args: Sequence[str], setting: str) -> list[str]:
     """`args` with their -fa value replaced by `setting` (planned keeps the plan's)."""
-    out = list(args)
-    if setting != "planned":
-        i = out.index("-fa") if "-fa" in out else None
-        out = out[:i] + out[i + 2:] + ["-fa", setting] if i is not None else out + ["-fa", setting]
-    return out
+    return list(args) if setting == "planned" else _without(args, ("-fa",)) + ["-fa", setting]
 
 
 def with_threads(args: Sequence[str], setting: str, cores: int) -> list[str]:
     """`args` with their -t/-tb replaced by `setting` (planned keeps them)."""
     if setting == "planned":
         return list(args)
-    out, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-            continue
-        if a in ("-t", "-tb"):
-            skip = True
-            continue
-        out.append(a)
     t, _, tb = (f"{cores}/{cores}" if setting == "all" else setting).partition("/")
-    return out + ["-t", t, "-tb", tb or t]
+    return _without(args, ("-t", "-tb")) + ["-t", t, "-tb", tb or t]
 
 
 def config_names(value: str | None, engine: Engine, info: ModelInfo) -> list[str]:
@@ -284,14 +291,16 @@ class Bench:
         """Servers that do the same work on a prompt (BenchConfig.same_prefill) should prefill at the same speed;
         a process can be 10-20% off for its whole life (see restart). Measure each on the same prompt, every
         server held on the same cores; restart those more than CALIBRATION_SPREAD / 2 from the median of the
-        servers with the same --threads and --flash-attn setting and
-        measure again, up to `tries` times. A restarted server that is as fast as its predecessor (within
+        servers with the same --threads and --flash-attn setting and measure again, up to `tries` times. A restarted server that is as fast as its predecessor (within
         CALIBRATION_SPREAD / 2) shows its configuration's own speed, not luck, and is not restarted again
         (ngram-mod prefilled 1,024 tokens 4-5% faster than off on every restart here). Returns the last
         measurement ({label: tok/s}), its spread and the configurations restarted. The caller pauses any
         competing load first."""
         idx = [i for i, c in enumerate(self.configs) if c.same_prefill]
-        group = {i: (self.configs[i].threads, self.configs[i].flash_attn) for i in idx}  # settings under test differ
+        groups: dict[tuple[str, str], list[int]] = {}  # compared within a setting only (BenchConfig.settings)
+        for i in idx:
+            groups.setdefault(self.configs[i].settings, []).append(i)
+        groups = {g: members for g, members in groups.items() if len(members) > 1}
         restarted: list[str] = []
         rates: dict[str, float] = {}
         steady: set[int] = set()  # restarted and as fast as before: the configuration's own speed, not luck
@@ -303,10 +312,12 @@ class Bench:
             steady |= {i for i in idx if self.configs[i].label in restarted and before.get(self.configs[i].label)
                        and abs(rates[self.configs[i].label] / before[self.configs[i].label] - 1)
                        <= CALIBRATION_SPREAD / 2}
-            med = {g: statistics.median(rates[self.configs[i].label] for i in idx if group[i] == g)
-                   for g in set(group.values())}
-            slow_or_fast = [i for i in idx if i not in steady and sum(group[j] == group[i] for j in idx) > 1 and (
-                med[group[i]] <= 0 or abs(rates[self.configs[i].label] / med[group[i]] - 1) > CALIBRATION_SPREAD / 2)]
+            slow_or_fast = []
+            for members in groups.values():
+                med = statistics.median(rates[self.configs[i].label] for i in members)
+                slow_or_fast += [i for i in members if i not in steady and (
+                    med <= 0 or abs(rates[self.configs[i].label] / med - 1) > CALIBRATION_SPREAD / 2)]
+            slow_or_fast.sort()
             if not slow_or_fast or attempt == tries:
                 break
             labels = [self.configs[i].label for i in slow_or_fast]
@@ -319,10 +330,9 @@ class Bench:
             self._start(slow_or_fast)
             self.hold_cores(True)
         spreads = []
-        for g in set(group.values()):
-            same = [rates[self.configs[i].label] for i in idx if group[i] == g and self.configs[i].label in rates]
-            if len(same) > 1 and min(same) > 0:
-                spreads.append(max(same) / min(same) - 1)
+        for members in groups.values():  # the widest within one setting
+            r = [rates[self.configs[i].label] for i in members]
+            spreads += [max(r) / min(r) - 1] if min(r) > 0 else []
         spread = max(spreads) if spreads else None
         return {"prefill_tok_s": {k: round(v, 1) for k, v in rates.items()},
                 "spread": None if spread is None else round(spread, 4), "restarted": restarted}

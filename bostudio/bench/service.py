@@ -132,8 +132,8 @@ def run_agent_bench(opts: BenchOptions, progress: Callable[[int, int, str], None
            "ctx": ctx, "load": opts.load, "threads": threads.to_json() if threads is not None else None,
            "sessions": per_session, "projection": agent.projection(per_session),
            # the pass's noise: servers doing the same work with the same settings (those of the first)
-           "passes": agent.passes_json(passes, turns, [c.label for c in configs if c.same_prefill and (
-               c.threads, c.flash_attn) == (configs[0].threads, configs[0].flash_attn)]),
+           "passes": agent.passes_json(passes, turns, [c.label for c in configs
+                                                       if c.same_prefill and c.settings == configs[0].settings]),
            "configs": {c.label: {"spec_types": list(c.speculator.spec_types), "threads": c.threads,
                                  "flash_attn": c.flash_attn,
                                  "draft": str(c.speculator.draft) if c.speculator.draft else None,

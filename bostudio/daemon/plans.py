@@ -49,7 +49,7 @@ def plan_for(sup: Supervisor, model: str, ctx: int | None = None, cache_type: st
         "spec_mode": mode, "speculation": sp.label,
         "reason": sp.reason, "bytes": o.total, "fits": refused is None,
         "not_fit_reason": refused or "", "why": planned.why,
-        "flash_attn": {"mode": planned.intent.flash_attn, "why": planned.flash_attn_why},
+        "flash_attn": planned.flash_attn_json(),
         "cost_line": planned.cost_line, "spec_cost_bytes": planned.spec_cost_bytes,
         "spec_cost_tokens": planned.spec_cost_tokens, "n_ctx_train": info.n_ctx_train,
         "layout": decision.layout.to_json(), "layout_line": decision.layout.line(),

@@ -739,7 +739,7 @@ class Supervisor:
                      "kind": caps.kind, "prompt_cache_bytes": planned.chosen.component_bytes(PROMPT_CACHE),
                      "budget_bytes": self.budget(), "why": planned.why,
                      "threads": planned.threads.to_json() if planned.threads is not None else None,
-                     "flash_attn": {"mode": planned.intent.flash_attn, "why": planned.flash_attn_why},
+                     "flash_attn": planned.flash_attn_json(),
                      "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes}
                               for u in planned.chosen.uses],
                      "summary": f"{need / policy.MIB:.0f} MiB for {cfg.name} at ctx {decision.ctx} with "

@@ -179,6 +179,9 @@ class Plan:
     spec_cost_tokens: int = 0
     flash_attn_why: str = ""  # why intent.flash_attn is on or off (choose_flash_attn)
 
+    def flash_attn_json(self) -> dict[str, str]:
+        return {"mode": self.intent.flash_attn, "why": self.flash_attn_why}
+
     @property
     def cost_line(self) -> str:
         if self.with_spec is None:
@@ -710,9 +713,9 @@ def choose_flash_attn(model: "ModelInfo", devices: tuple[Device, ...], intent: I
                       speculator: Speculator = NO_SPEC) -> tuple[str, str]:
     """Flash attention on or off for this plan, and why. Asked for (on/off) is kept; off with a quantized V
     cache, the target's or a draft's (the draft context shares the setting), is refused (llama.cpp cannot
-    run it). auto: on with a quantized V cache (required) or any GPU
-    (llama.cpp's fused kernel, its own choice there); on a CPU alone, off, unless without it the attention
-    scores' buffer (n_ubatch x context x heads, f32) costs context that fits with it. llama.cpp resolves its
+    run it). auto: on with a quantized V cache (required) or any GPU (llama.cpp's fused kernel, its own
+    choice there); on a CPU alone, off, unless without it the attention scores' buffer (n_ubatch x context
+    x heads, f32) costs context that fits with it. llama.cpp resolves its
     own auto to on for a CPU; measured here (2-core EPYC, Gemma 270M, 6,000-token prompt) that prefilled 11%
     slower (436 -> 388 tok/s) and decoded 5% slower (81 -> 77) and took ngram-mod's 1.24x decode gain to
     1.00x; llama.cpp #27086 (Arm Neoverse, up to 2x prefill) and llamafile #975 (Ice Lake, 16-74%) saw it too.

@@ -268,8 +268,9 @@ def compute_buffer_bytes(m: "ModelInfo", s: ContextSettings, layers: list[int] |
     """Estimate of the worst-case graph buffer (src/llama-context.cpp sched_reserve): a ubatch of
     n_t = min(n_ctx, n_ubatch) tokens. Exact parts: the KQ masks (f16 with flash attention, f32
     without, one per full/SWA cache, n_kv x n_t) and without flash attention the KQ scores of one
-    layer (n_kv x n_t x n_head f32), with MLA also a transposed copy of the latent V rows. Modelled part: the largest per-layer stage of activations; the
-    last layer runs its FFN on the output rows only (get_rows(inp_out_ids))."""
+    layer (n_kv x n_t x n_head f32), with MLA also a transposed copy of the latent V rows. Modelled part:
+    the largest per-layer stage of activations; the last layer runs its FFN on the output rows only
+    (get_rows(inp_out_ids))."""
     layers = list(range(m.n_layer)) if layers is None else layers
     if not layers:
         return 0

@@ -119,7 +119,7 @@ def plan_json(p: Plan) -> dict[str, Any]:
             "spec_cost_bytes": p.spec_cost_bytes, "spec_cost_tokens": p.spec_cost_tokens,
             "llama_args": p.llama_args(), "placement": placement_lines(p),
             "threads": p.threads.to_json() if p.threads is not None else None,
-            "flash_attn": {"mode": p.intent.flash_attn, "why": p.flash_attn_why},
+            "flash_attn": p.flash_attn_json(),
             "network": _network_json(p)}
 
 
