@@ -204,6 +204,30 @@ def test_choice_is_off_when_nothing_beats_the_baseline_beyond_the_spread() -> No
     assert choose_config([tally("a", [(49.4, 40), (48, 40)])]).chosen is not None
     slower = choose_config([tally("a", [(38.8, 40)])])  # one sample, and slower: that is the reason given
     assert slower.chosen is None and "not beyond the measured spread" in slower.why
+    # the whole interval must clear the noise floor, not only the median: a session tune chose ngram-mod on
+    # two passes at 1.05x and 1.03x (median 1.04x), and it then ran 0.5% and 3.2% slower than off
+    edge = choose_config([tally("a", [(42, 40), (41, 40)])])
+    assert edge.chosen is None and "not beyond the measured spread and the 3% noise floor" in edge.why
+    assert choose_config([tally("a", [(42, 40), (41.6, 40)])]).chosen is not None  # both passes above 1.03x
+
+
+def test_a_session_edge_without_a_decode_edge_is_not_chosen() -> None:
+    # session passes: tok_s is output over wall time, decode_tok_s the decode part; speculation can only
+    # make decode faster, so a wall-time edge with a decode no faster than off's is the servers' spread
+    def passes(pairs: list[tuple[float, float, float, float]]) -> Tally:
+        t = Tally(Candidate("a", Speculator("ngram", ("ngram-mod",))))
+        for i, (wall_c, dec_c, wall_b, dec_b) in enumerate(pairs):
+            t.samples.append(Sample("agent", None, "a", i, wall_c, None, 100, 40, 20, dec_c))
+            t.baseline.append(Sample("agent", None, OFF, i, wall_b, None, 100, 0, 0, dec_b))
+        return t
+    prefill_luck = passes([(1.1, 57, 1.0, 60), (1.1, 63, 1.0, 60)])
+    assert prefill_luck.ratios == pytest.approx([1.1, 1.1]) and prefill_luck.decode_ratios == pytest.approx([0.95, 1.05])
+    c = choose_config([prefill_luck])
+    assert c.chosen is None and "decode was not faster than off's on every pair (0.95-1.05x)" in c.why
+    faster = passes([(1.1, 66, 1.0, 60), (1.1, 63, 1.0, 60)])
+    assert choose_config([faster]).chosen is faster
+    # a single request's tok_s is its decode rate
+    assert s("a", 0, 50).decode_rate == 50 and tally("a", [(50, 40)]).decode_ratios == [1.25]
 
 
 def test_a_candidate_with_nothing_accepted_is_never_chosen() -> None:
@@ -295,10 +319,10 @@ def test_next_best_is_another_kind_that_beat_off(tmp_path: Path) -> None:
     model.write_bytes(b"GGUF")
     p = make_profile(model, fake_engine(tmp_path), "code", time.time())
     draft = replace(tally("draft", [(46, 40)] * 2).measured(), speculator={**p.chosen.speculator, "kind": "draft"})
-    slow = replace(draft, speedup=1.01)
+    slow = replace(draft, speedup=1.01, speedup_low=1.01)
     assert replace(p, by_kind={"ngram": p.chosen, "draft": draft}).next_best() == draft
     assert replace(p, by_kind={"ngram": p.chosen, "draft": slow}).next_best() is None
-    wide = replace(draft, speedup_low=0.9)  # its interval reaches below off
+    wide = replace(draft, speedup_low=1.02)  # its interval reaches into the noise floor
     assert replace(p, by_kind={"ngram": p.chosen, "draft": wide}).next_best() is None
 
 

@@ -27,6 +27,12 @@ class Sample:
     predicted: int  # tokens decoded
     drafted: int
     accepted: int
+    decode_tok_s: float | None = None  # a session pass's decode tok/s (tok_s is then its output over wall time)
+
+    @property
+    def decode_rate(self) -> float:
+        """Decode tokens per second: tok_s for one request, the decode part of a session pass for a pass."""
+        return self.tok_s if self.decode_tok_s is None else self.decode_tok_s
 
     @staticmethod
     def from_timings(workload: str, ctx: int | None, config: str, run: int, t: dict) -> "Sample":

@@ -104,6 +104,12 @@ class Tally:
     def interval(self) -> tuple[float, float]:
         return median_interval(self.ratios)
 
+    @property
+    def decode_ratios(self) -> list[float]:
+        """The paired ratios of decode speed alone (the same as `ratios` for single requests; for session
+        passes, whose `ratios` are of wall times, the part speculation can change)."""
+        return [s.decode_rate / b.decode_rate for s, b in zip(self.samples, self.baseline) if b.decode_rate > 0]
+
     def measured(self) -> Measured:
         drafted = sum(s.drafted for s in self.samples)
         accepted = sum(s.accepted for s in self.samples)
@@ -172,7 +178,10 @@ def choose_config(tallies: Sequence[Tally]) -> Choice:
     spread (beats_off: the spread is that of its own paired ratios, one prompt each, so it holds the
     noise of both sides and nothing of how prompts differ from each other); else off. A candidate that
     had no draft token accepted ran the baseline's own computation plus its drafting, so any edge it
-    shows is noise: it is never chosen."""
+    shows is noise: it is never chosen. Nor is one whose decode was not faster than off's on its paired
+    samples (the lower end of the decode ratios' interval at most 1): speculation changes the speed of
+    nothing else for the better, so a session's edge without a decode edge is the servers' own spread
+    (prefill is 85-89% of a session's wall time on a CPU)."""
     measured = [t for t in tallies if t.samples]
     if not measured:
         return Choice(None, MIN_NOISE, "nothing was measured: speculation off")
@@ -186,12 +195,18 @@ def choose_config(tallies: Sequence[Tally]) -> Choice:
     acc = f", acceptance {100 * m.acceptance:.0f}%" if m.acceptance is not None else ""
     spread = (f"{100 * CONFIDENCE:.0f}% interval of the median {low:.2f}-{high:.2f}x over "
               f"{len(best.ratios)} paired prompt(s)")
-    if beats_off(best.speedup, low, len(best.ratios)):
+    decode_low, decode_high = median_interval(best.decode_ratios)
+    decode_faster = decode_low > 1.0
+    if beats_off(low, len(best.ratios)) and decode_faster:
         return Choice(best, noise, f"tuned: {best.candidate.label} ran {best.speedup:.2f}x of off "
                                    f"({best.tok_s:.1f} tok/s{acc}; {spread}), beyond the measured spread")
-    why = ("too few to tell an edge from noise (give tune a larger --budget-s)"
-           if len(best.ratios) < MIN_PAIRED and beats_off(best.speedup, low, MIN_PAIRED)
-           else "not beyond the measured spread")
+    if beats_off(low, len(best.ratios)):
+        why = (f"its decode was not faster than off's on every pair ({decode_low:.2f}-{decode_high:.2f}x), so "
+               f"the edge is not speculation's")
+    elif len(best.ratios) < MIN_PAIRED and beats_off(low, MIN_PAIRED):
+        why = "too few to tell an edge from noise (give tune a larger --budget-s)"
+    else:
+        why = f"not beyond the measured spread and the {100 * MIN_NOISE:.0f}% noise floor"
     return Choice(None, noise, f"tuned: off - the best, {best.candidate.label}, ran {best.speedup:.2f}x of off{acc} "
                                f"({spread}): {why}")
 

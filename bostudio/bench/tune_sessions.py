@@ -155,7 +155,8 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
 
 def _sample(workload: str, config: str, pid: int, totals: dict) -> Sample:
     """A session pass as one sample: its output tokens over its wall time (the paired ratio of two such
-    samples is the ratio of the session wall times)."""
+    samples is the ratio of the session wall times), and its decode tok/s (tune.choose_config wants the
+    decode faster too)."""
     tok_s = totals["predicted_n"] / totals["wall_s"] if totals["wall_s"] > 0 else 0.0
     return Sample(workload, None, config, pid, tok_s, None, totals["predicted_n"], totals["drafted"],
-                  totals["accepted"])
+                  totals["accepted"], totals["decode_tok_s"] or 0.0)
