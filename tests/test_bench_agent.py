@@ -422,6 +422,16 @@ def test_session_tune_keeps_room_to_confirm_its_leader() -> None:
     assert survivors([tally("a", [1.05, 1.04])]) == [] and survivors([]) == []  # confirmed: done
 
 
+def test_session_tune_alternates_which_server_starts_first() -> None:
+    """A candidate's passes start off first, then the candidate first, and so on (the first started also takes
+    the first turn), so that its two passes, the fewest a choice rests on, weigh both orders alike."""
+    from bostudio.bench.tune_sessions import pair_order
+
+    assert pair_order("off", "ngram-mod", 0) == ["off", "ngram-mod"]
+    assert pair_order("off", "ngram-mod", 1) == ["ngram-mod", "off"]
+    assert pair_order("off", "ngram-mod", 2) == ["off", "ngram-mod"]
+
+
 def test_tune_on_a_session_stays_within_its_budget(gemma_gguf: Path, engine, tmp_path: Path) -> None:
     """With a budget the first pass already spends, tune measures one candidate, starts nothing more and
     still writes a profile for the session."""

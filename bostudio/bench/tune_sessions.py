@@ -2,7 +2,8 @@
 
 The sweep is tune's (candidates, successive halving, the off-or-not rule, the profile), with one session pass
 as the unit instead of one prompt: each candidate replays the session turn by turn beside the baseline (off),
-the two alternating who goes first each turn, both on fresh servers for every pass (agent.run_sessions). A
+the two alternating who goes first each turn, both on fresh servers for every pass (agent.run_sessions),
+started off first on a candidate's even passes and the candidate first on its odd ones (pair_order). A
 pass's figure is the session's output tokens over its wall time (prefill, first tokens and decode together),
 so the paired ratio candidate/off is the ratio of the session wall times.
 
@@ -22,12 +23,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 from bostudio.bench.measure import OFF, Sample
 from bostudio.profiles import MIN_PAIRED, ModelIdentity, Profile, engine_identity, save_profile
 from bostudio.bench.tune import (RANKED, TUNE_VARIANT, Tally, TuneResult, best_by_kind, break_even_acceptance,
                                  candidates, choose_config, halve, ranking)
 from bostudio.speculation import Speculator
+
+C = TypeVar("C")  # a bench configuration (runner.BenchConfig, imported where the servers start)
 
 
 def pass_fits(elapsed_s: float, budget_s: float, pass_costs: Sequence[float]) -> bool:
@@ -55,6 +59,15 @@ def confirm_reserve(passes: int, pass_costs: Sequence[float]) -> float:
     another candidate when that would leave no room to confirm the best one (at 210 s a pass and 900 s,
     four candidates once each would leave none of them choosable; three and the leader again can)."""
     return max(pass_costs, default=0.0) * max(0, MIN_PAIRED - passes)
+
+
+def pair_order(off: C, candidate: C, passes: int) -> list[C]:
+    """The two servers of a candidate's next pass, in start order (the first also takes the session's first
+    turn, its cold prefill): off first on even passes, the candidate first on odd ones, so that a candidate's
+    paired ratios weigh both orders alike. Every tune pass was off first before: each of run 4's four passes put
+    a candidate 1.03-1.05x of off, and the bench, whose passes rotate the start order, then measured those
+    candidates at 0.97-1.02x."""
+    return [off, candidate] if passes % 2 == 0 else [candidate, off]
 
 
 def survivors(measured: list[Tally]) -> list[Tally]:
@@ -118,9 +131,9 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
                     break
                 t0 = time.monotonic()
                 # Off and the candidate on fresh servers for every pass (run_sessions restarts them), so that
-                # no one server's own speed is under every candidate's ratio.
-                with Bench(info, engine, [off, BenchConfig(t.candidate.label, t.candidate.speculator)], ctx,
-                           progress, args) as pair:
+                # no one server's own speed is under every candidate's ratio, and in either start order.
+                cand = BenchConfig(t.candidate.label, t.candidate.speculator)
+                with Bench(info, engine, pair_order(off, cand, len(t.samples)), ctx, progress, args) as pair:
                     turns, _ = agent.run_sessions(pair, sessions, n_tokens, None, lambda *_: None)
                 for s in sessions:
                     totals = {c: agent.session_totals([x for x in turns if x.config == c and x.session == s.name])
