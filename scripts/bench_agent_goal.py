@@ -11,7 +11,8 @@
 
     .venv/bin/python scripts/bench_agent_goal.py [MODEL] [--out DIR] [--recorded DIR] [--budget-s 900]
                                                  [--tokens 128] [--turns 12] [--prefix-tokens 18000] [--load 1]
-                                                 [--runs 3] [--skip-tune] [--skip-threads] [--quick]
+                                                 [--runs 3] [--skip-tune] [--spec LIST] [--skip-threads]
+                                                 [--quick]
 
 --quick: tiny settings (a 1k-token prefix, 3 turns, 16 tokens, a 60 s tune) to check the script end to end;
 its figures mean nothing. Profiles go to OUT/state (not your own). Prints markdown tables and the verdicts;
@@ -132,7 +133,11 @@ def main() -> int:
     ap.add_argument("--prefix-tokens", type=int, default=18000)
     ap.add_argument("--load", type=int, default=1)
     ap.add_argument("--runs", type=int, default=3, help="passes of each session per bench (default 3)")
-    ap.add_argument("--skip-tune", action="store_true")
+    ap.add_argument("--skip-tune", action="store_true", help="use the agent profile already in OUT/state")
+    ap.add_argument("--spec", default=None, metavar="LIST",
+                    help="the sessions bench's configurations besides off (default: auto@agent,sweep@agent:3, or "
+                         "auto@agent,ngram-mod,ngram-simple with --skip-tune); e.g. auto@agent,ngram-simple,"
+                         "ngram-map-k to set tune's choice against speculators tune did not reach")
     ap.add_argument("--skip-threads", action="store_true",
                     help="measure only the sessions (step 2 beside a load runs llama.cpp's all-cores default, "
                          "which decodes at about 1 tok/s there: the longest step)")
@@ -161,7 +166,7 @@ def main() -> int:
         p = res[0]["profile"]
         report += [f"## tune agent: {res[0]['rounds']} round(s) in {res[0]['elapsed_s']:.0f} s "
                    f"(budget {a.budget_s:.0f} s)\n", p["why"], ""]
-    spec = "auto@agent,sweep@agent:3" if not a.skip_tune else "auto@agent,ngram-mod,ngram-simple"
+    spec = a.spec or ("auto@agent,sweep@agent:3" if not a.skip_tune else "auto@agent,ngram-mod,ngram-simple")
     doc = bostudio(["bench", *model, "--workload", workloads, "--spec", spec, "--plot", str(out / "sessions.png"),
                     *size, *runs], out / "sessions", env)
     report += [f"## sessions: {doc['engine']}, {doc['tokens_per_turn']} tokens a turn, ctx {doc['ctx']}\n",
