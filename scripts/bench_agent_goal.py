@@ -176,8 +176,8 @@ def main() -> int:
                    f"(budget {a.budget_s:.0f} s)\n", p["why"], ""]
         measured = {m["label"] for m in p.get("ranking", [])}
         unreached = [t for t in NGRAM_DEFAULTS if t not in measured]
-    spec = a.spec or (",".join(["auto@agent", "sweep@agent:3", *unreached]) if not a.skip_tune
-                      else "auto@agent," + ",".join(NGRAM_DEFAULTS))
+    sweep = [] if a.skip_tune else ["sweep@agent:3"]
+    spec = a.spec or ",".join(["auto@agent", *sweep, *unreached])
     doc = bostudio(["bench", *model, "--workload", workloads, "--spec", spec, "--plot", str(out / "sessions.png"),
                     *size, *runs], out / "sessions", env)
     report += [f"## sessions: {doc['engine']}, {doc['tokens_per_turn']} tokens a turn, ctx {doc['ctx']}\n",

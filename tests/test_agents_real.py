@@ -167,11 +167,10 @@ def test_codex_exec(daemon: DaemonProc, tmp_path: Path) -> None:
 
 def test_opencode_run(daemon: DaemonProc, tmp_path: Path) -> None:
     _, _, log = run_agent(daemon, "opencode", ["run", "Say hello in one word."], tmp_path / "opencode")
-    # opencode sends its title request and its main request at once: both reach a slot, side by side. Not
+    # opencode sends its title request and its main request at once: both in a slot, side by side. Not
     # asserted: that both finish. opencode cancels its title request when its main answer is done, so
     # whether the title's prompt was evaluated by then is the CPU's speed (CI on a slow run: it was not).
-    launched = set(re.findall(r"launch_slot_: id\s+\d+ \| task (\d+)", log))
-    assert len(launched) >= 2 and most_at_once(log) >= 2, log[-3000:]
+    assert most_at_once(log) >= 2, log[-3000:]
 
 
 # ------------------------------------------------------------------ client libraries: forced tool calls
