@@ -211,7 +211,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workload", action="append", default=None, metavar="W",
                    help="code | edit | chat | a prompt FILE; one profile each (default: code); or `agent` / a "
                         "recorded session DIR: tune on whole sessions (a pass = the session replayed turn by "
-                        "turn beside off; ranked by session wall time), profile `agent` / the DIR's name")
+                        "turn beside off; ranked by session wall time; it opens with a screen of every n-gram "
+                        "type's default in one pass, as many turns as the budget allows), profile `agent` / the "
+                        "DIR's name")
     _add_session_options(p)
     p.add_argument("--budget-s", type=float, default=600.0, metavar="S",
                    help="time for the whole sweep, split between the workloads (default 600); a bound: each "

@@ -422,6 +422,34 @@ def test_session_tune_keeps_room_to_confirm_its_leader() -> None:
     assert survivors([tally("a", [1.05, 1.04])]) == [] and survivors([]) == []  # confirmed: done
 
 
+def test_session_tune_screens_every_ngram_type_in_one_pass() -> None:
+    """The screen holds llama.cpp's default of each n-gram type (not their variants, not draft or MTP), takes a
+    turn while the budget keeps room for the leader's whole-session confirmation, and hands on its leader, the
+    other kinds' first candidates and the leader's own variants."""
+    from bostudio.bench.measure import Sample
+    from bostudio.bench.tune import Tally, candidates
+    from bostudio.bench.tune_sessions import after_screen, screen_estimate, screen_goes_on, screened
+    from bostudio.engine.discover import KNOWN_SPEC_TYPES
+
+    pool = [Tally(c) for c in candidates(KNOWN_SPEC_TYPES, True, Path("d.gguf"))]
+    screen = screened(pool)
+    assert {t.candidate.label for t in screen} == {"ngram-mod", "ngram-simple", "ngram-map-k", "ngram-map-k4v",
+                                                  "ngram-cache"}
+    for i, t in enumerate(screen):  # ngram-map-k leads
+        v = 1.2 if t.candidate.label == "ngram-map-k" else 1.0 + i / 100
+        t.samples.append(Sample("agent", None, t.candidate.label, 0, v, None, 100, 10, 5))
+        t.baseline.append(Sample("agent", None, "off", 0, 1.0, None, 100, 0, 0))
+    nxt = [t.candidate.label for t in after_screen(pool, screen)]
+    assert nxt[0] == "ngram-map-k" and nxt[1:3] == ["mtp n_max=3", "draft-simple n_max=3"]
+    assert nxt[3:] == ["ngram-map-k size_n=6 size_m=16"]
+
+    # 6 servers: a cold round of 360 s, warm rounds of 60 s, 12 turns: a pair pass is 2/6 x (360 + 11 x 60) s
+    assert screen_estimate([360.0, 60.0], 12, 6) == 340.0 and screen_estimate([360.0], 1, 6) == 120.0
+    assert screen_goes_on([], 12, 6, 0, 1) and screen_goes_on([360.0], 12, 6, 360, 1)  # two turns always run
+    assert screen_goes_on([360.0, 60.0, 50.0], 12, 6, 480, 480 + 60 + 340)
+    assert not screen_goes_on([360.0, 60.0, 50.0], 12, 6, 481, 480 + 60 + 340)
+
+
 def test_session_tune_alternates_which_server_starts_first() -> None:
     """A candidate's passes start off first, then the candidate first, and so on (the first started also takes
     the first turn), so that its two passes, the fewest a choice rests on, weigh both orders alike."""
@@ -433,16 +461,18 @@ def test_session_tune_alternates_which_server_starts_first() -> None:
 
 
 def test_tune_on_a_session_stays_within_its_budget(gemma_gguf: Path, engine, tmp_path: Path) -> None:
-    """With a budget the first pass already spends, tune measures one candidate, starts nothing more and
-    still writes a profile for the session."""
+    """With a budget the screen already spends, tune measures every n-gram type once, in the screen's one pass
+    (its first two turns always run), starts nothing more and still writes a profile for the session."""
     proc = subprocess.run([sys.executable, "-m", "bostudio", "tune", str(gemma_gguf), "--json", "--workload", "agent",
                            "--budget-s", "10", "--prefix-tokens", "300", "--session-turns", "2", "--tokens", "4"],
                           capture_output=True, text=True, env=_env(tmp_path), timeout=BENCH_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (res,) = json.loads(proc.stdout)
-    assert res["rounds"] == 1 and len(res["sweep"]) == 1 and res["sweep"][0]["samples"] == 1
+    ngram = {t for t in engine.spec_types if t.startswith("ngram-")}
+    assert res["rounds"] == 1 and {s["label"] for s in res["sweep"]} == ngram, res["sweep"]
+    assert all(s["samples"] == 1 for s in res["sweep"])
     assert res["profile"]["workload"] == "agent" and Path(res["path"]).is_file()
-    assert "left unmeasured" in proc.stderr
+    assert "round 1 (screen)" in proc.stderr and "does not fit" in proc.stderr
 
 
 def test_prompt_bench_beside_a_load_with_thread_settings(gemma_gguf: Path, engine, tmp_path: Path) -> None:

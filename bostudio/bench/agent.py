@@ -258,14 +258,17 @@ class PassInfo:
 
 
 def run_sessions(bench: Bench, sessions: Sequence[Session], tokens: int, load: CompetingLoad | None,
-                 progress: Progress) -> tuple[list[TurnResult], list[PassInfo]]:
+                 progress: Progress, more: Callable[[int], bool] | None = None) -> tuple[list[TurnResult], list[PassInfo]]:
     """Every session on every configuration, turn by turn, interleaved; with a competing load each session
     runs twice, alone and beside the load (the phases alternate which goes first).
 
     Every pass starts cold on fresh servers (the first on the bench's own, then restarted with the start order
     rotated), so that a server's own speed stays with one pass, not one configuration; before the pass, servers
     that should prefill alike but do not are restarted (Bench.even_out). Alone, every server is held on the
-    same cores (Bench.hold_cores); beside the load, none is."""
+    same cores (Bench.hold_cores); beside the load, none is.
+
+    `more(done)`, when given, is asked before each turn of a pass with the number of turns every server has done
+    in it; False ends the pass there (tune's screen: a slice of the session, as long as its budget allows)."""
     phases = ["alone"] + ([f"load {load.n}"] if load is not None and load.n else [])
     total = sum(len(s.requests) for s in sessions) * len(bench.servers) * len(phases)
     done = 0
@@ -290,6 +293,10 @@ def run_sessions(bench: Bench, sessions: Sequence[Session], tokens: int, load: C
             passes.append(PassInfo(session.name, phase, bench.start_order, tuple(cores) if cores else None,
                                    calibration))
             for k, req in enumerate(session.requests):
+                if more is not None and not more(k):
+                    progress(done, total, f"{session.name} {phase}: the pass ends after {k} of "
+                                          f"{len(session.requests)} turns")
+                    break
                 r = k % len(bench.servers)
                 for server in bench.servers[r:] + bench.servers[:r]:
                     route, body = replay_request(req, server.config.label, tokens)

@@ -13,6 +13,15 @@ that would not end within the budget is not started. Only the very first pass ha
 from; it always runs. A choice needs MIN_PAIRED passes of a candidate, so a round of single passes keeps room
 to measure its leader again (confirm_reserve), and a round that does not fit for every survivor measures the
 leader alone.
+
+A pass costs the same on every n-gram configuration (they do off's work on the prompt, and the session's cold
+prefill is most of a pass), so the sweep opens with a screen: off and llama.cpp's default of every n-gram type,
+one server each, in ONE pass of the session, turn by turn (screen_goes_on: turns are added while the budget
+keeps room to confirm the leader, so on a short budget the screen is a slice of the session). That is one
+paired sample per type for the price of (types + 1) / 2 pair passes. Before it, tune measured candidates pair
+by pair in a fixed order, and a 900 s budget on a 2-core CPU reached one (run 6: it chose ngram-mod, and
+ngram-simple, which it never measured, ran 4% faster on a recorded session). The screen's leader and the
+other kinds' first candidates (draft, MTP) then go on pair by pair, on whole sessions.
 """
 
 from __future__ import annotations
@@ -70,6 +79,55 @@ def pair_order(off: C, candidate: C, passes: int) -> list[C]:
     return [off, candidate] if passes % 2 == 0 else [candidate, off]
 
 
+def screened(pool: Sequence[Tally]) -> list[Tally]:
+    """The screen's candidates: llama.cpp's default of each n-gram type (one spec type, no parameters set),
+    whose servers do off's work on the prompt (runner.BenchConfig.same_prefill) and hold no model but the
+    target's."""
+    return [t for t in pool if t.candidate.speculator.kind == "ngram" and len(t.candidate.speculator.spec_types) == 1
+            and not t.candidate.speculator.ngram_params and t.candidate.speculator.draft is None]
+
+
+def servers_that_fit(plan) -> int:  # type: ignore[no-untyped-def]
+    """How many servers of `plan` (a planner.Plan) fit side by side: on every device it uses, what the device
+    may count on over what one server takes there. The screen runs one server per type beside off's, so it is
+    cut to what fits (a 2-core CPU with a small model holds all; one 24 GiB GPU does not hold six 8B models)."""
+    counts = [d.usable_bytes // b for d in plan.devices if (b := plan.chosen.device_bytes(d.label)) > 0]
+    return max(1, min(counts)) if counts else 1
+
+
+def screen_estimate(turn_costs: Sequence[float], turns: int, servers: int) -> float:
+    """A whole session's pass on two servers (one candidate and off), from a screen on `servers` servers whose
+    turn rounds cost `turn_costs` so far: the cold first round and the dearest warm one for every later turn,
+    at 2/servers of the round."""
+    warm = max(turn_costs[1:]) if len(turn_costs) > 1 else turn_costs[0]
+    return 2 / servers * (turn_costs[0] + max(0, turns - 1) * warm)
+
+
+def screen_goes_on(turn_costs: Sequence[float], turns: int, servers: int, elapsed_s: float, budget_s: float) -> bool:
+    """Whether the screen takes one more turn (every server): its first two turns always run (the cold prefill,
+    and one warm turn to estimate the others from); then another while its cost (the dearest warm round so far)
+    and the leader's confirmation (MIN_PAIRED - 1 whole-session pair passes, screen_estimate) end within the
+    budget."""
+    if len(turn_costs) < 2:
+        return True
+    reserve = screen_estimate(turn_costs, turns, servers) * max(0, MIN_PAIRED - 1)
+    return elapsed_s + max(turn_costs[1:]) + reserve <= budget_s
+
+
+def after_screen(pool: Sequence[Tally], screen: Sequence[Tally]) -> list[Tally]:
+    """The sweep's next candidates once the screen has run: its leader; the first candidate of every other kind
+    (draft, MTP: their servers prefill too or hold another model, so they go pair by pair); then the leader's
+    own parameter variants. The other n-gram types are out: the screen measured them on the same turns."""
+    leader = ranking(screen)[0]
+    others: dict[str, Tally] = {}
+    for t in pool:
+        if t not in screen and t.candidate.speculator.kind != "ngram":
+            others.setdefault(t.candidate.speculator.kind, t)
+    variants = [t for t in pool if t not in screen and t.candidate.speculator.kind == "ngram"
+                and t.candidate.speculator.spec_types == leader.candidate.speculator.spec_types]
+    return [leader, *others.values(), *variants]
+
+
 def survivors(measured: list[Tally]) -> list[Tally]:
     """The next round's candidates, the leader first: successive halving; a lone candidate goes on alone while
     it has fewer than MIN_PAIRED passes (its confirmation), and then the sweep is done."""
@@ -84,7 +142,7 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
     """Successive halving over session passes within `budget_s` (see the module docstring); saves and
     returns the profile of `workload` (`agent`, or the recording directory's name)."""
     from bostudio.bench import agent
-    from bostudio.bench.runner import Bench, BenchConfig
+    from bostudio.bench.runner import Bench, BenchConfig, bench_decision
     from bostudio.gguf import describe
 
     info = describe(model_path)
@@ -104,6 +162,13 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
     with tempfile.TemporaryDirectory(prefix="bostudio-tune-slots-") as slots:
         args = ("-cram", "0", "--slot-save-path", slots)
         alive = pool
+        screen = screened(pool)[:max(0, servers_that_fit(bench_decision(info, engine, ctx).plan) - 1)]
+        if len(screen) > 1:
+            rounds, served = 1, 1
+            est = _screen(info, engine, off, screen, first, ctx, args, n_tokens, name, started, budget_s, progress,
+                          base_decode, cand_decode)
+            costs.append(est)
+            alive = after_screen(pool, screen)
         while alive:
             n = passes_this_round(rounds + 1, time.monotonic() - started, budget_s, len(alive), costs)
             if (n == 0 and len(alive) > 1 and len(alive[0].samples) < MIN_PAIRED
@@ -164,6 +229,48 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
     path = save_profile(profile)
     baseline = tuple(s.tok_s for t in pool for s in t.baseline)
     return TuneResult(profile, path, tuple(pool), baseline, rounds, time.monotonic() - started)
+
+
+def _screen(info, engine, off, screen: list[Tally], session, ctx: int, args: tuple[str, ...],  # type: ignore[no-untyped-def]
+            n_tokens: int, name: str, started: float, budget_s: float, progress: Callable[[str], None],
+            base_decode: list[float], cand_decode: dict[str, list[float]]) -> float:
+    """The screen (module docstring): off and every screened type in one pass of `session`, as many turns as
+    screen_goes_on allows; one paired sample per type. Returns the estimated cost of a whole-session pair pass."""
+    from bostudio.bench import agent
+    from bostudio.bench.runner import Bench, BenchConfig
+
+    configs = [off] + [BenchConfig(t.candidate.label, t.candidate.speculator) for t in screen]
+    turns = len(session.requests)
+    marks: list[float] = []
+
+    def more(done: int) -> bool:
+        marks.append(time.monotonic())
+        rounds = [b - a for a, b in zip(marks, marks[1:])]
+        return done == 0 or screen_goes_on(rounds, turns, len(configs), time.monotonic() - started, budget_s)
+
+    progress(f"round 1 (screen): off and {len(screen)} n-gram types in one pass of the session, turn by turn, "
+             f"while the budget keeps room to confirm the leader on whole sessions")
+    with Bench(info, engine, configs, ctx, progress, args) as bench:
+        results, _ = agent.run_sessions(bench, [session], n_tokens, None, lambda *_: None, more)
+        end = time.monotonic()
+    done = max((r.turn for r in results), default=0)
+    if len(marks) <= done:  # the pass ran to the session's end: its last round's end
+        marks.append(end)
+    rounds = [b - a for a, b in zip(marks, marks[1:])]
+    totals = {c.label: agent.session_totals([r for r in results if r.config == c.label]) for c in configs}
+    for t in screen:
+        label = t.candidate.label
+        t.baseline.append(_sample(name, OFF, 0, totals[OFF]))
+        t.samples.append(_sample(name, label, 0, totals[label]))
+        base_decode.append(totals[OFF]["decode_tok_s"] or 0.0)
+        cand_decode.setdefault(label, []).append(totals[label]["decode_tok_s"] or 0.0)
+    for t in ranking(screen):
+        acc = totals[t.candidate.label]["acceptance"]
+        progress(f"  {t.candidate.label}: {done} of {turns} turns in {totals[t.candidate.label]['wall_s']:.1f} s "
+                 f"(off {totals[OFF]['wall_s']:.1f} s), {t.speedup:.2f}x of off"
+                 + ("" if acc is None else f", acceptance {100 * acc:.0f}%"))
+    progress(f"  screen done: {time.monotonic() - started:.0f}/{budget_s:.0f} s")
+    return screen_estimate(rounds, turns, len(configs)) if rounds else 0.0
 
 
 def _sample(workload: str, config: str, pid: int, totals: dict) -> Sample:
