@@ -71,14 +71,15 @@ MIN_NOISE = 0.03  # a 3% edge is within what a busy machine moves between two id
 MIN_PAIRED = 2  # one paired sample has no spread: its interval is the sample itself
 
 
-def beats_off(low: float, samples: int) -> bool:
+def beats_off(low: float, samples: int, floor: float = MIN_NOISE) -> bool:
     """A paired speed-up beyond the measured spread and the noise floor: at least MIN_PAIRED paired samples
     (one has no spread to be beyond: tune on whole sessions chose ngram-map-k from one pass at 1.23x of off,
     and it then ran 1% slower than off over 6 sessions), and the lower end of its median's confidence
     interval (tune.median_interval; with fewer than 5 samples, the smallest) more than MIN_NOISE above 1.
     The whole interval, not only the median: tune chose ngram-mod on two session passes at 1.05x and 1.03x
-    (median 1.04x, interval 1.01-1.05x), and it then ran 0.5% and 3.2% slower than off on 6 sessions."""
-    return samples >= MIN_PAIRED and low > 1.0 + MIN_NOISE
+    (median 1.04x, interval 1.01-1.05x), and it then ran 0.5% and 3.2% slower than off on 6 sessions.
+    `floor` is MIN_NOISE unless a figure holds less of the servers' own noise (tune_sessions.session_floor)."""
+    return samples >= MIN_PAIRED and low > 1.0 + floor
 
 
 @dataclass(frozen=True)

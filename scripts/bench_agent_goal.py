@@ -3,8 +3,8 @@
 
 1. Agent sessions: `bostudio tune --workload agent` (whole sessions, within --budget-s), then one
    `bostudio bench --workload agent[,DIR]` with off, auto@agent (as `up --workload agent` runs it), the
-   three best of its sweep and llama.cpp's default of every n-gram type tune did not reach (on a 2-core CPU
-   its budget measures one), interleaved turn by turn. Goal: auto's session wall time is at most the best
+   three best of its sweep and llama.cpp's default of every n-gram type tune did not reach (tune's screen
+   measures them all when the plan's devices hold their servers side by side), interleaved turn by turn. Goal: auto's session wall time is at most the best
    static configuration's / 0.97, and never above off's.
 2. CPU threads on a busy machine: `bostudio bench --workload agent --spec off --threads planned,all --load N`:
    every turn alone and beside N busy processes. Goal: the planned threads decode at least 0.5x their idle

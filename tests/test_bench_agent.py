@@ -450,6 +450,41 @@ def test_session_tune_screens_every_ngram_type_in_one_pass() -> None:
     assert not screen_goes_on([360.0, 60.0, 50.0], 12, 6, 481, 480 + 60 + 340)
 
 
+def test_session_tune_retimes_off_with_the_candidates_decode() -> None:
+    """An n-gram type's session figure is off's session with each turn's decode at the candidate's speed: the
+    prefill gap between the two servers (the same work) drops out, so does a different output length; the
+    noise floor is MIN_NOISE on off's decode share. A draft's figure stays its own wall time."""
+    from bostudio.bench.agent import TurnResult
+    from bostudio.bench.measure import Sample
+    from bostudio.bench.tune import Candidate, Tally, choose_config
+    from bostudio.bench.tune_sessions import retimed_wall, session_floor, session_samples
+    from bostudio.profiles import MIN_NOISE
+    from bostudio.speculation import Speculator
+
+    def turn(config: str, k: int, wall: float, prefill: float, tokens: int, decode: float, acc: int = 0) -> TurnResult:
+        return TurnResult("agent", "alone", config, k, "openai", f"turn {k}", 1.0, wall, 100, 0, tokens, decode,
+                          prefill, 2 * acc, acc)
+
+    off = [turn("off", 1, 70.0, 60.0, 100, 10.0), turn("off", 2, 12.0, 2.0, 100, 10.0)]
+    # the candidate's server prefilled 10% slower (its own speed) and decoded twice as fast, 50 tokens on turn 2
+    cand = [turn("c", 1, 71.0, 66.0, 100, 5.0, 40), turn("c", 2, 4.7, 2.2, 50, 2.5, 20)]
+    assert retimed_wall(off, cand) == 60.0 + 5.0 + 2.0 + 5.0 == 72.0
+    base, c = session_samples("agent", "c", 3, off, cand, same_prefill=True)
+    assert c.tok_s / base.tok_s == pytest.approx(82.0 / 72.0) and (c.drafted, c.accepted, c.run) == (120, 60, 3)
+    assert c.decode_rate == pytest.approx(150 / 7.5) and base.decode_rate == pytest.approx(10.0)
+    base, c = session_samples("agent", "c", 0, off, cand, same_prefill=False)  # a draft: its own wall and tokens
+    assert c.tok_s == pytest.approx(150 / 75.7) and base.tok_s == pytest.approx(200 / 82.0)
+    assert session_floor(0.17) == pytest.approx(MIN_NOISE * 0.17) and session_floor(2.0) == MIN_NOISE
+
+    t = Tally(Candidate("ngram-simple", Speculator("ngram", ("ngram-simple",))))
+    for i, (r, d) in enumerate([(1.026, 1.15), (1.032, 1.17)]):  # goal run 6's shipped session, retimed
+        t.baseline.append(Sample("agent", None, "off", i, 1.0, None, 100, 0, 0, 30.0))
+        t.samples.append(Sample("agent", None, "ngram-simple", i, r, None, 100, 50, 40, 30.0 * d))
+    assert choose_config([t]).chosen is None  # 2.6% is under the 3% floor of a figure timed whole
+    assert choose_config([t], lambda _: session_floor(0.17)).chosen is t
+    assert "5.1% noise floor" in choose_config([t], lambda _: 0.051).why
+
+
 def test_session_tune_alternates_which_server_starts_first() -> None:
     """A candidate's passes start off first, then the candidate first, and so on (the first started also takes
     the first turn), so that its two passes, the fewest a choice rests on, weigh both orders alike."""

@@ -173,7 +173,7 @@ class Choice:
     why: str
 
 
-def choose_config(tallies: Sequence[Tally]) -> Choice:
+def choose_config(tallies: Sequence[Tally], floor_of: Callable[[Tally], float] | None = None) -> Choice:
     """The candidate with the best measured tok/s, if its paired speed-up beats off beyond the measured
     spread (beats_off: the spread is that of its own paired ratios, one prompt each, so it holds the
     noise of both sides and nothing of how prompts differ from each other); else off. A candidate that
@@ -181,7 +181,8 @@ def choose_config(tallies: Sequence[Tally]) -> Choice:
     shows is noise: it is never chosen. Nor is one whose decode was not faster than off's on its paired
     samples (the lower end of the decode ratios' interval at most 1): speculation changes the speed of
     nothing else for the better, so a session's edge without a decode edge is the servers' own spread
-    (prefill is 85-89% of a session's wall time on a CPU)."""
+    (prefill is 85-89% of a session's wall time on a CPU). `floor_of`: a candidate's noise floor (beats_off;
+    default MIN_NOISE)."""
     measured = [t for t in tallies if t.samples]
     if not measured:
         return Choice(None, MIN_NOISE, "nothing was measured: speculation off")
@@ -189,24 +190,25 @@ def choose_config(tallies: Sequence[Tally]) -> Choice:
     if not measured:
         return Choice(None, MIN_NOISE, "tuned: off - no candidate had a drafted token accepted on this workload")
     best = ranking(measured)[0]  # the finalists have the most samples
+    floor = floor_of(best) if floor_of is not None else MIN_NOISE
     m = best.measured()
     low, high = best.interval
-    noise = max(MIN_NOISE, (high - low) / 2 / best.speedup) if best.speedup > 0 else MIN_NOISE
+    noise = max(floor, (high - low) / 2 / best.speedup) if best.speedup > 0 else floor
     acc = f", acceptance {100 * m.acceptance:.0f}%" if m.acceptance is not None else ""
     spread = (f"{100 * CONFIDENCE:.0f}% interval of the median {low:.2f}-{high:.2f}x over "
               f"{len(best.ratios)} paired prompt(s)")
     decode_low, decode_high = median_interval(best.decode_ratios)
     decode_faster = decode_low > 1.0
-    if beats_off(low, len(best.ratios)) and decode_faster:
+    if beats_off(low, len(best.ratios), floor) and decode_faster:
         return Choice(best, noise, f"tuned: {best.candidate.label} ran {best.speedup:.2f}x of off "
                                    f"({best.tok_s:.1f} tok/s{acc}; {spread}), beyond the measured spread")
-    if beats_off(low, len(best.ratios)):
+    if beats_off(low, len(best.ratios), floor):
         why = (f"its decode was not faster than off's on every pair ({decode_low:.2f}-{decode_high:.2f}x), so "
                f"the edge is not speculation's")
-    elif len(best.ratios) < MIN_PAIRED and beats_off(low, MIN_PAIRED):
+    elif len(best.ratios) < MIN_PAIRED and beats_off(low, MIN_PAIRED, floor):
         why = "too few to tell an edge from noise (give tune a larger --budget-s)"
     else:
-        why = f"not beyond the measured spread and the {100 * MIN_NOISE:.0f}% noise floor"
+        why = f"not beyond the measured spread and the {100 * floor:.2g}% noise floor"
     return Choice(None, noise, f"tuned: off - the best, {best.candidate.label}, ran {best.speedup:.2f}x of off{acc} "
                                f"({spread}): {why}")
 

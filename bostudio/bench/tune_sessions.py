@@ -32,13 +32,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from bostudio.bench.measure import OFF, Sample
-from bostudio.profiles import MIN_PAIRED, ModelIdentity, Profile, engine_identity, save_profile
+from bostudio.profiles import MIN_NOISE, MIN_PAIRED, ModelIdentity, Profile, engine_identity, save_profile
 from bostudio.bench.tune import (RANKED, TUNE_VARIANT, Tally, TuneResult, best_by_kind, break_even_acceptance,
                                  candidates, choose_config, halve, ranking)
 from bostudio.speculation import Speculator
+
+if TYPE_CHECKING:
+    from bostudio.bench.agent import TurnResult
 
 C = TypeVar("C")  # a bench configuration (runner.BenchConfig, imported where the servers start)
 
@@ -159,14 +162,29 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
     rounds = 0
     off = BenchConfig(OFF, Speculator("none", reason="baseline"))
     name = Path(workload).name if workload != "agent" else workload
+    shares: list[float] = []  # off's decode share of each session pass
+
+    def record(t: Tally, turns: list) -> None:  # type: ignore[type-arg]
+        """One paired sample of `t` from one session pass's turns (off's and the candidate's)."""
+        label = t.candidate.label
+        o = [x for x in turns if x.config == OFF]
+        c = [x for x in turns if x.config == label]
+        base, cand = session_samples(name, label, len(t.samples), o, c, BenchConfig(label, t.candidate.speculator)
+                                     .same_prefill)
+        t.baseline.append(base)
+        t.samples.append(cand)
+        off_totals = agent.session_totals(o)
+        base_decode.append(off_totals["decode_tok_s"] or 0.0)
+        cand_decode.setdefault(label, []).append(agent.session_totals(c)["decode_tok_s"] or 0.0)
+        if off_totals["wall_s"] > 0:
+            shares.append(off_totals["decode_s"] / off_totals["wall_s"])
     with tempfile.TemporaryDirectory(prefix="bostudio-tune-slots-") as slots:
         args = ("-cram", "0", "--slot-save-path", slots)
         alive = pool
         screen = screened(pool)[:max(0, servers_that_fit(bench_decision(info, engine, ctx).plan) - 1)]
         if len(screen) > 1:
             rounds, served = 1, 1
-            est = _screen(info, engine, off, screen, first, ctx, args, n_tokens, name, started, budget_s, progress,
-                          base_decode, cand_decode)
+            est = _screen(info, engine, off, screen, first, ctx, args, n_tokens, started, budget_s, progress, record)
             costs.append(est)
             alive = after_screen(pool, screen)
         while alive:
@@ -199,22 +217,17 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
                 # no one server's own speed is under every candidate's ratio, and in either start order.
                 cand = BenchConfig(t.candidate.label, t.candidate.speculator)
                 with Bench(info, engine, pair_order(off, cand, len(t.samples)), ctx, progress, args) as pair:
-                    turns, _ = agent.run_sessions(pair, sessions, n_tokens, None, lambda *_: None)
+                    turns, _ = agent.run_sessions(pair, sessions, n_tokens, None, _turns(progress))
                 for s in sessions:
-                    totals = {c: agent.session_totals([x for x in turns if x.config == c and x.session == s.name])
-                              for c in (OFF, t.candidate.label)}
-                    pid = len(t.samples)
-                    t.baseline.append(_sample(name, OFF, pid, totals[OFF]))
-                    t.samples.append(_sample(name, t.candidate.label, pid, totals[t.candidate.label]))
-                    base_decode.append(totals[OFF]["decode_tok_s"] or 0.0)
-                    cand_decode.setdefault(t.candidate.label, []).append(
-                        totals[t.candidate.label]["decode_tok_s"] or 0.0)
+                    record(t, [x for x in turns if x.session == s.name])
                 costs.append((time.monotonic() - t0) / n)
                 measured.append(t)
                 progress(f"  {t.candidate.label}: session {t.speedup:.2f}x of off "
                          f"({time.monotonic() - started:.0f}/{budget_s:.0f} s)")
             alive = survivors(measured)
-    choice = choose_config(pool)
+    share = statistics.median(shares) if shares else 1.0
+    choice = choose_config(pool, lambda t: session_floor(share) if t.candidate.speculator.kind == "ngram"
+                           and t.candidate.speculator.draft is None else MIN_NOISE)
     chosen = choice.chosen.measured() if choice.chosen else None
     base_tok = statistics.median(s.tok_s for t in pool for s in t.baseline) if any(t.baseline for t in pool) else 0.0
     be = None
@@ -232,8 +245,8 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
 
 
 def _screen(info, engine, off, screen: list[Tally], session, ctx: int, args: tuple[str, ...],  # type: ignore[no-untyped-def]
-            n_tokens: int, name: str, started: float, budget_s: float, progress: Callable[[str], None],
-            base_decode: list[float], cand_decode: dict[str, list[float]]) -> float:
+            n_tokens: int, started: float, budget_s: float, progress: Callable[[str], None],
+            record: Callable[[Tally, list], None]) -> float:  # type: ignore[type-arg]
     """The screen (module docstring): off and every screened type in one pass of `session`, as many turns as
     screen_goes_on allows; one paired sample per type. Returns the estimated cost of a whole-session pair pass."""
     from bostudio.bench import agent
@@ -251,7 +264,7 @@ def _screen(info, engine, off, screen: list[Tally], session, ctx: int, args: tup
     progress(f"round 1 (screen): off and {len(screen)} n-gram types in one pass of the session, turn by turn, "
              f"while the budget keeps room to confirm the leader on whole sessions")
     with Bench(info, engine, configs, ctx, progress, args) as bench:
-        results, _ = agent.run_sessions(bench, [session], n_tokens, None, lambda *_: None, more)
+        results, _ = agent.run_sessions(bench, [session], n_tokens, None, _turns(progress), more)
         end = time.monotonic()
     done = max((r.turn for r in results), default=0)
     if len(marks) <= done:  # the pass ran to the session's end: its last round's end
@@ -259,24 +272,64 @@ def _screen(info, engine, off, screen: list[Tally], session, ctx: int, args: tup
     rounds = [b - a for a, b in zip(marks, marks[1:])]
     totals = {c.label: agent.session_totals([r for r in results if r.config == c.label]) for c in configs}
     for t in screen:
-        label = t.candidate.label
-        t.baseline.append(_sample(name, OFF, 0, totals[OFF]))
-        t.samples.append(_sample(name, label, 0, totals[label]))
-        base_decode.append(totals[OFF]["decode_tok_s"] or 0.0)
-        cand_decode.setdefault(label, []).append(totals[label]["decode_tok_s"] or 0.0)
+        record(t, results)
     for t in ranking(screen):
-        acc = totals[t.candidate.label]["acceptance"]
-        progress(f"  {t.candidate.label}: {done} of {turns} turns in {totals[t.candidate.label]['wall_s']:.1f} s "
-                 f"(off {totals[OFF]['wall_s']:.1f} s), {t.speedup:.2f}x of off"
-                 + ("" if acc is None else f", acceptance {100 * acc:.0f}%"))
+        c = totals[t.candidate.label]
+        acc = "" if c["acceptance"] is None else f", acceptance {100 * c['acceptance']:.0f}%"
+        progress(f"  {t.candidate.label}: {done} of {turns} turns in {c['wall_s']:.1f} s (off "
+                 f"{totals[OFF]['wall_s']:.1f} s), decode {c['decode_tok_s'] or 0:.1f} tok/s (off "
+                 f"{totals[OFF]['decode_tok_s'] or 0:.1f}){acc}: off's session retimed with its decode, "
+                 f"{t.speedup:.3f}x of off")
     progress(f"  screen done: {time.monotonic() - started:.0f}/{budget_s:.0f} s")
     return screen_estimate(rounds, turns, len(configs)) if rounds else 0.0
 
 
-def _sample(workload: str, config: str, pid: int, totals: dict) -> Sample:
-    """A session pass as one sample: its output tokens over its wall time (the paired ratio of two such
-    samples is the ratio of the session wall times), and its decode tok/s (tune.choose_config wants the
-    decode faster too)."""
-    tok_s = totals["predicted_n"] / totals["wall_s"] if totals["wall_s"] > 0 else 0.0
-    return Sample(workload, None, config, pid, tok_s, None, totals["predicted_n"], totals["drafted"],
-                  totals["accepted"], totals["decode_tok_s"] or 0.0)
+def _turns(progress: Callable[[str], None]) -> Callable[[int, int, str], None]:
+    """run_sessions' per-turn progress as tune's lines (a pass on a CPU takes minutes)."""
+    return lambda done, total, what: progress(f"    {what}")
+
+
+def retimed_wall(off: Sequence[TurnResult], cand: Sequence[TurnResult]) -> float:
+    """Off's session wall time with each turn's decode at the candidate's speed (the candidate's decode time per
+    token, times off's output tokens of that turn). Speculation changes decode and nothing else; for a server
+    that does off's work on the prompt (an n-gram type), the rest of a pass (prefill, about 83% of the shipped
+    session here) is the same work on both servers, and their gap on it is the servers' own speed, not the
+    candidate's. Retimed, that gap is gone. Goal run 6's two passes of the shipped session, off's wall time over
+    each type's: ngram-simple 1.032x and 1.022x, retimed 1.026x and 1.032x; ngram-map-k 1.022x and 1.004x,
+    retimed 1.018x and 1.039x; ngram-mod 1.027x and 0.996x, retimed 1.011x and 1.022x. Decode is about 17% of
+    that session, so its 13-17% faster decode is worth 2-4% of the session, under the 3% the servers' own
+    speeds move it (session_floor)."""
+    by_turn = {t.turn: t for t in cand}
+    total = 0.0
+    for o in off:
+        c = by_turn.get(o.turn)
+        decode = o.decode_s
+        if c is not None and c.predicted_n > 0 and c.decode_s > 0:
+            decode = o.predicted_n * c.decode_s / c.predicted_n
+        total += o.wall_s - o.decode_s + decode
+    return total
+
+
+def session_floor(decode_share: float) -> float:
+    """The noise floor of a retimed figure: MIN_NOISE (what two runs of the same server move apart) on the part
+    of the session the candidate's server still times, its decode (`decode_share` of off's wall time), so
+    that the rule asks the same of a retimed session as of the decode speed itself."""
+    return MIN_NOISE * min(1.0, max(0.0, decode_share))
+
+
+def session_samples(workload: str, label: str, pid: int, off: Sequence[TurnResult], cand: Sequence[TurnResult],
+                    same_prefill: bool) -> tuple[Sample, Sample]:
+    """A session pass as one paired sample (off's, the candidate's): output tokens over wall time, so that the
+    paired ratio is the ratio of the wall times; for a candidate that does off's work on the prompt, its wall
+    time is off's retimed with its decode (retimed_wall) and its tokens off's. The decode tok/s are each
+    server's own (tune.choose_config wants the decode faster too)."""
+    from bostudio.bench.agent import session_totals
+
+    o, c = session_totals(off), session_totals(cand)
+    wall, tokens = (retimed_wall(off, cand), o["predicted_n"]) if same_prefill else (c["wall_s"], c["predicted_n"])
+
+    def sample(config: str, totals: dict, wall_s: float, predicted: int) -> Sample:
+        return Sample(workload, None, config, pid, predicted / wall_s if wall_s > 0 else 0.0, None,
+                      totals["predicted_n"], totals["drafted"], totals["accepted"], totals["decode_tok_s"] or 0.0)
+
+    return sample(OFF, o, o["wall_s"], o["predicted_n"]), sample(label, c, wall, tokens)
