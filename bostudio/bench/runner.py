@@ -21,7 +21,7 @@ from bostudio.bench.workloads import CONTEXT_QUESTION, Task, filler_code
 from bostudio.catalog.resolve import model_name
 from bostudio.engine.argv import build_argv
 from bostudio.engine.discover import Engine
-from bostudio.errors import ConfigError, ServerError
+from bostudio.errors import ConfigError, PortInUseError, ServerError
 from bostudio.gguf import ModelInfo
 from bostudio.launch import Decision, LaunchIntent, gather_and_decide
 from bostudio.pairing.pair import choose, make_self_draft
@@ -40,6 +40,7 @@ CALIBRATION_TOKENS = 1024  # a prompt on which a server's own speed shows (4 tur
 CALIBRATION_SPREAD = 0.03  # servers doing the same work may differ this much in prefill speed, not more
 CALIBRATION_TRIES = 3
 READY_TIMEOUT_S = 600.0
+PORT_TRIES = 3  # a server whose port another process took first is started again on another, this many times in all
 DEFAULT_SELF_DRAFT = "Q2_K"
 
 Progress = Callable[[str], None]
@@ -248,23 +249,42 @@ class Bench:
         started = dict(enumerate(self.servers))  # a partial restart keeps the others
         try:
             for i in order:
-                c = self.configs[i]
-                port = free_loopback_port()
-                safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in c.label)
-                suffix = "" if self._starts == 1 else f".{self._starts}"
-                proc = ServerProcess(self.argv(c, port), port, self._logdir / f"{safe}{suffix}.log")
-                started[i] = _Server(c, proc)
-                self.servers = [started[k] for k in sorted(started)]
-                self.progress(f"starting llama-server for {c.label} (log: {proc.log_path})")
-                proc.start()
+                self._launch(i, started)
+            for i in order:
+                for attempt in range(PORT_TRIES):
+                    try:
+                        started[i].proc.wait_ready(timeout=READY_TIMEOUT_S)
+                        break
+                    except PortInUseError:
+                        # another process took the port between its pick and llama-server's bind (goal run 7:
+                        # a restart's fifth server got the first's port before that one had bound it)
+                        if attempt == PORT_TRIES - 1:
+                            raise
+                        started[i].proc.stop()
+                        self._launch(i, started, again=attempt + 1)
             for s in (started[i] for i in order):
-                s.proc.wait_ready(timeout=READY_TIMEOUT_S)
                 s.client = LlamaClient(s.proc.base_url, timeout=httpx.Timeout(COMPLETION_TIMEOUT_S, connect=5.0),
                                        name=f"llama-server ({s.config.label})", log_path=s.proc.log_path)
                 s.client.completion("def f():", 4, timeout=COMPLETION_TIMEOUT_S)  # warm-up: page in the weights
         except BaseException:
             self.__exit__()
             raise
+
+    def _launch(self, i: int, started: dict[int, "_Server"], again: int = 0) -> None:
+        """Start configuration `i`'s server on a free port that no other server of this bench was given (one that
+        has not bound its port yet leaves it free to the OS's next pick)."""
+        c = self.configs[i]
+        taken = {s.proc.port for k, s in started.items() if k != i}
+        port = free_loopback_port()
+        while port in taken:
+            port = free_loopback_port()
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in c.label)
+        suffix = ("" if self._starts == 1 else f".{self._starts}") + (f"-port{again + 1}" if again else "")
+        proc = ServerProcess(self.argv(c, port), port, self._logdir / f"{safe}{suffix}.log")
+        started[i] = _Server(c, proc)
+        self.servers = [started[k] for k in sorted(started)]
+        self.progress(f"starting llama-server for {c.label} (log: {proc.log_path})")
+        proc.start()
 
     def restart(self, rotate: int) -> None:
         """Stop every server and start fresh ones, the start order rotated by `rotate`. Two servers with the same
