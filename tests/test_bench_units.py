@@ -503,3 +503,52 @@ def test_fallback_takes_the_next_best_kind_else_none(tmp_path: Path, monkeypatch
 
 def speculator_json_mtp() -> dict:
     return profiles.speculator_to_json(Speculator("mtp", ("draft-mtp",), n_max=2))
+
+
+# ------------------------------------------------------------------ bench: its servers' ports
+
+def test_bench_never_gives_two_servers_one_port_and_retries_a_taken_one(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:
+    """The OS may hand out a port again while the server it went to has not bound it yet (goal run 7: a
+    restart's fifth server got the first's port, and the bench died after an hour). Bench picks again for a port
+    one of its servers holds, and starts a server whose port was taken anyway on another one."""
+    from bostudio.bench import runner
+    from bostudio.errors import PortInUseError
+
+    picks = iter([7001, 7001, 7002, 7003, 7004])
+    started: list[int] = []
+
+    class FakeProcess:
+        def __init__(self, argv: list[str], port: int, log_path: Path) -> None:
+            self.port, self.log_path, self.base_url = port, log_path, f"http://127.0.0.1:{port}"
+
+        def start(self) -> None:
+            started.append(self.port)
+
+        def wait_ready(self, timeout: float) -> None:
+            if self.port == 7002:  # another process bound it first
+                raise PortInUseError("port 7002 is already in use", "pick another one")
+
+        def stop(self) -> None:
+            pass
+
+    class FakeClient:
+        def __init__(self, *a: object, **k: object) -> None:
+            pass
+
+        def completion(self, *a: object, **k: object) -> dict:
+            return {}
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(runner, "free_loopback_port", lambda: next(picks))
+    monkeypatch.setattr(runner, "ServerProcess", FakeProcess)
+    monkeypatch.setattr(runner, "LlamaClient", FakeClient)
+    bench = object.__new__(runner.Bench)
+    bench.configs = [runner.BenchConfig(n, Speculator("none")) for n in ("off", "b")]
+    bench.progress, bench.servers, bench._starts, bench._logdir = (lambda _: None), [], 0, tmp_path
+    monkeypatch.setattr(bench, "argv", lambda config, port: ["llama-server", "--port", str(port)])
+    bench._start([0, 1])
+    assert started == [7001, 7002, 7003]  # b never got 7001; its 7002 was taken, so it runs on 7003
+    assert [s.proc.port for s in bench.servers] == [7001, 7003]
