@@ -514,6 +514,7 @@ def test_bench_never_gives_two_servers_one_port_and_retries_a_taken_one(monkeypa
     one of its servers holds, and starts a server whose port was taken anyway on another one."""
     from bostudio.bench import runner
     from bostudio.errors import PortInUseError
+    from bostudio.runtime import net
 
     picks = iter([7001, 7001, 7002, 7003, 7004])
     started: list[int] = []
@@ -542,7 +543,7 @@ def test_bench_never_gives_two_servers_one_port_and_retries_a_taken_one(monkeypa
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr(runner, "free_loopback_port", lambda: next(picks))
+    monkeypatch.setattr(net, "_os_pick", lambda: next(picks))  # what the OS picks for port 0, in turn
     monkeypatch.setattr(runner, "ServerProcess", FakeProcess)
     monkeypatch.setattr(runner, "LlamaClient", FakeClient)
     bench = object.__new__(runner.Bench)

@@ -274,10 +274,7 @@ class Bench:
         """Start configuration `i`'s server on a free port that no other server of this bench was given (one that
         has not bound its port yet leaves it free to the OS's next pick)."""
         c = self.configs[i]
-        taken = {s.proc.port for k, s in started.items() if k != i}
-        port = free_loopback_port()
-        while port in taken:
-            port = free_loopback_port()
+        port = free_loopback_port(avoid={s.proc.port for k, s in started.items() if k != i})
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in c.label)
         suffix = ("" if self._starts == 1 else f".{self._starts}") + (f"-port{again + 1}" if again else "")
         proc = ServerProcess(self.argv(c, port), port, self._logdir / f"{safe}{suffix}.log")

@@ -746,7 +746,8 @@ class Supervisor:
                                 f"speculation {speculator.label}, budget {self.budget() / policy.MIB:.0f} MiB"}
         await self._make_room(inst, need)
 
-        inst.port = cfg.port or free_loopback_port()
+        inst.port = cfg.port or free_loopback_port(avoid={i.port for i in self.instances.values()
+                                                           if i is not inst and i.port})
         inst.api_key = secrets.token_urlsafe(32)
         argv = decision.argv(port=inst.port, alias=cfg.name,
                              slot_dir=self.slot_store.ensure() if reuse and self.slot_store is not None else None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import socket
+from collections.abc import Collection
 
 from bostudio.errors import ConfigError, PortInUseError
 
@@ -18,8 +19,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def free_loopback_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on now (the OS picks it)."""
+def free_loopback_port(avoid: Collection[int] = ()) -> int:
+    """A port on 127.0.0.1 that nothing listens on now (the OS picks it), and none of `avoid`: ports already
+    handed to servers that may not have bound them yet, which the OS can pick again (goal run 7: a bench
+    restart's fifth server was given the first's port before that one had bound it)."""
+    while (port := _os_pick()) in avoid:
+        pass
+    return port
+
+
+def _os_pick() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
