@@ -68,6 +68,12 @@ class Speculator:
         return ",".join(self.spec_types) if self.spec_types else "off"
 
     @property
+    def same_prefill(self) -> bool:
+        """Whether a server running it does exactly off's work on a prompt: off and the n-gram speculators (a
+        draft model or MTP heads prefill too)."""
+        return self.kind in ("none", "ngram") and self.draft is None
+
+    @property
     def detail(self) -> str:
         """The label with the parameters set beside llama.cpp's defaults, e.g. `ngram-simple size_n=6`."""
         params = [f"{name}={value}" for _, name, value in self.ngram_params]

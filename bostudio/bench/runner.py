@@ -63,9 +63,8 @@ class BenchConfig:
 
     @property
     def same_prefill(self) -> bool:
-        """Whether its server does exactly off's work on a prompt: off and the n-gram speculators (a draft
-        model or MTP heads prefill too)."""
-        return self.speculator.kind in ("none", "ngram") and self.speculator.draft is None
+        """Whether its server does exactly off's work on a prompt (Speculator.same_prefill)."""
+        return self.speculator.same_prefill
 
 
 def parse_threads(value: str | None) -> list[str]:
@@ -213,15 +212,16 @@ class Bench:
     """The servers of one bench run. Use as a context manager: every server stops on exit."""
 
     def __init__(self, info: ModelInfo, engine: Engine, configs: Sequence[BenchConfig], ctx: int,
-                 progress: Progress, server_args: Sequence[str] = ()) -> None:
+                 progress: Progress, server_args: Sequence[str] = (), decision: Decision | None = None) -> None:
         labels = [c.label for c in configs]
         if len(set(labels)) != len(labels):
             raise ConfigError("a configuration is listed twice in --spec", "name each configuration once")
         self.info, self.engine, self.configs, self.ctx, self.progress = info, engine, configs, ctx, progress
         # The launch decision of the baseline (one slot, speculation off): every side runs its memory
         # plan (offload, cache types, -fit off, threads) with its own speculator, so only the speculator
-        # (and, with --threads, the thread setting under test) differs.
-        self.decision = bench_decision(info, engine, ctx)
+        # (and, with --threads, the thread setting under test) differs. A caller that starts many benches
+        # (tune, one per pass) makes it once (bench_decision) and passes it.
+        self.decision = decision or bench_decision(info, engine, ctx)
         self.server_args = tuple(server_args)
         planned = self.decision.plan.threads
         self.threads = planned  # the plan's CPU threads (None: cores unknown)

@@ -84,10 +84,9 @@ def pair_order(off: C, candidate: C, passes: int) -> list[C]:
 
 def screened(pool: Sequence[Tally]) -> list[Tally]:
     """The screen's candidates: llama.cpp's default of each n-gram type (one spec type, no parameters set),
-    whose servers do off's work on the prompt (runner.BenchConfig.same_prefill) and hold no model but the
-    target's."""
-    return [t for t in pool if t.candidate.speculator.kind == "ngram" and len(t.candidate.speculator.spec_types) == 1
-            and not t.candidate.speculator.ngram_params and t.candidate.speculator.draft is None]
+    whose servers do off's work on the prompt (Speculator.same_prefill) and hold no model but the target's."""
+    return [t for t in pool if (sp := t.candidate.speculator).kind == "ngram" and sp.same_prefill
+            and len(sp.spec_types) == 1 and not sp.ngram_params]
 
 
 def servers_that_fit(plan) -> int:  # type: ignore[no-untyped-def]
@@ -169,8 +168,7 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
         label = t.candidate.label
         o = [x for x in turns if x.config == OFF]
         c = [x for x in turns if x.config == label]
-        base, cand = session_samples(name, label, len(t.samples), o, c, BenchConfig(label, t.candidate.speculator)
-                                     .same_prefill)
+        base, cand = session_samples(name, label, len(t.samples), o, c, t.candidate.speculator.same_prefill)
         t.baseline.append(base)
         t.samples.append(cand)
         off_totals = agent.session_totals(o)
@@ -181,10 +179,12 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
     with tempfile.TemporaryDirectory(prefix="bostudio-tune-slots-") as slots:
         args = ("-cram", "0", "--slot-save-path", slots)
         alive = pool
-        screen = screened(pool)[:max(0, servers_that_fit(bench_decision(info, engine, ctx).plan) - 1)]
+        decision = bench_decision(info, engine, ctx)  # every pass's servers share it (Bench)
+        screen = screened(pool)[:max(0, servers_that_fit(decision.plan) - 1)]
         if len(screen) > 1:
             rounds, served = 1, 1
-            est = _screen(info, engine, off, screen, first, ctx, args, n_tokens, started, budget_s, progress, record)
+            est = _screen(info, engine, off, screen, first, ctx, args, decision, n_tokens, started, budget_s,
+                          progress, record)
             costs.append(est)
             alive = after_screen(pool, screen)
         while alive:
@@ -216,7 +216,8 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
                 # Off and the candidate on fresh servers for every pass (run_sessions restarts them), so that
                 # no one server's own speed is under every candidate's ratio, and in either start order.
                 cand = BenchConfig(t.candidate.label, t.candidate.speculator)
-                with Bench(info, engine, pair_order(off, cand, len(t.samples)), ctx, progress, args) as pair:
+                with Bench(info, engine, pair_order(off, cand, len(t.samples)), ctx, progress, args,
+                           decision) as pair:
                     turns, _ = agent.run_sessions(pair, sessions, n_tokens, None, _turns(progress))
                 for s in sessions:
                     record(t, [x for x in turns if x.session == s.name])
@@ -226,8 +227,7 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
                          f"({time.monotonic() - started:.0f}/{budget_s:.0f} s)")
             alive = survivors(measured)
     share = statistics.median(shares) if shares else 1.0
-    choice = choose_config(pool, lambda t: session_floor(share) if t.candidate.speculator.kind == "ngram"
-                           and t.candidate.speculator.draft is None else MIN_NOISE)
+    choice = choose_config(pool, lambda t: session_floor(share) if t.candidate.speculator.same_prefill else MIN_NOISE)
     chosen = choice.chosen.measured() if choice.chosen else None
     base_tok = statistics.median(s.tok_s for t in pool for s in t.baseline) if any(t.baseline for t in pool) else 0.0
     be = None
@@ -245,7 +245,7 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
 
 
 def _screen(info, engine, off, screen: list[Tally], session, ctx: int, args: tuple[str, ...],  # type: ignore[no-untyped-def]
-            n_tokens: int, started: float, budget_s: float, progress: Callable[[str], None],
+            decision, n_tokens: int, started: float, budget_s: float, progress: Callable[[str], None],
             record: Callable[[Tally, list], None]) -> float:  # type: ignore[type-arg]
     """The screen (module docstring): off and every screened type in one pass of `session`, as many turns as
     screen_goes_on allows; one paired sample per type. Returns the estimated cost of a whole-session pair pass."""
@@ -263,7 +263,7 @@ def _screen(info, engine, off, screen: list[Tally], session, ctx: int, args: tup
 
     progress(f"round 1 (screen): off and {len(screen)} n-gram types in one pass of the session, turn by turn, "
              f"while the budget keeps room to confirm the leader on whole sessions")
-    with Bench(info, engine, configs, ctx, progress, args) as bench:
+    with Bench(info, engine, configs, ctx, progress, args, decision) as bench:
         results, _ = agent.run_sessions(bench, [session], n_tokens, None, _turns(progress), more)
         end = time.monotonic()
     done = max((r.turn for r in results), default=0)
