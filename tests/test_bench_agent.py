@@ -446,8 +446,10 @@ def test_session_tune_screens_every_ngram_type_in_one_pass() -> None:
     # 6 servers: a cold round of 360 s, warm rounds of 60 s, 12 turns: a pair pass is 2/6 x (360 + 11 x 60) s
     assert screen_estimate([360.0, 60.0], 12, 6) == 340.0 and screen_estimate([360.0], 1, 6) == 120.0
     assert screen_goes_on([], 12, 6, 0, 1) and screen_goes_on([360.0], 12, 6, 360, 1)  # two turns always run
-    assert screen_goes_on([360.0, 60.0, 50.0], 12, 6, 480, 480 + 60 + 340)
-    assert not screen_goes_on([360.0, 60.0, 50.0], 12, 6, 481, 480 + 60 + 340)
+    assert screen_goes_on([360.0, 60.0, 60.0], 12, 6, 480, 480 + 60 + 340)
+    assert not screen_goes_on([360.0, 60.0, 60.0], 12, 6, 481, 480 + 60 + 340)
+    # a cold turn late in a recording counts once, not for every turn after it (run 8: 2,600 s for 554 s)
+    assert screen_estimate([480.0] + [50.0] * 13 + [380.0], 21, 6) == pytest.approx(2 / 6 * (1510 + 6 * 1030 / 14))
 
 
 def test_session_tune_retimes_off_with_the_candidates_decode() -> None:

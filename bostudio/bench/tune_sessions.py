@@ -99,10 +99,14 @@ def servers_that_fit(plan) -> int:  # type: ignore[no-untyped-def]
 
 def screen_estimate(turn_costs: Sequence[float], turns: int, servers: int) -> float:
     """A whole session's pass on two servers (one candidate and off), from a screen on `servers` servers whose
-    turn rounds cost `turn_costs` so far: the cold first round and the dearest warm one for every later turn,
-    at 2/servers of the round."""
-    warm = max(turn_costs[1:]) if len(turn_costs) > 1 else turn_costs[0]
-    return 2 / servers * (turn_costs[0] + max(0, turns - 1) * warm)
+    turn rounds cost `turn_costs` so far: the rounds measured, and the mean warm round (the second on) for
+    every turn not screened yet, at 2/servers of it all. A recording's later turns can start a new prompt:
+    Claude Code's 15th request of run 5's recording was a cold 13.8k-token prefill (380 s on six servers), and
+    the dearest warm round times every later turn, the estimate before, put a 554 s pair pass at about
+    2,600 s: the leader was never confirmed, and tune chose off (goal run 8)."""
+    done = len(turn_costs)
+    warm = statistics.fmean(turn_costs[1:]) if done > 1 else turn_costs[0]
+    return 2 / servers * (sum(turn_costs) + max(0, turns - done) * warm)
 
 
 def screen_goes_on(turn_costs: Sequence[float], turns: int, servers: int, elapsed_s: float, budget_s: float) -> bool:
