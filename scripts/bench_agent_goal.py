@@ -158,7 +158,7 @@ def verdict_line(session: str, rows: dict[str, float], auto: str, is_off: bool) 
     off_note = (f"auto runs off's configuration, {rows[auto] / rows['off']:.3f}x of its wall time between "
                 f"the two servers: noise" if is_off else "never worse than off")
     return (f"- {session}: {auto} {rows[auto]:.1f} s, best static {best} {static[best]:.1f} s (auto at "
-            f"{static[best] / rows[auto]:.2f}x of it: {'PASS' if ok_best else 'FAIL'} >= 0.97), off "
+            f"{static[best] / rows[auto]:.3f}x of it: {'PASS' if ok_best else 'FAIL'} >= 0.97), off "
             f"{rows['off']:.1f} s ({'PASS' if ok_off else 'FAIL'}: {off_note})")
 
 
