@@ -74,21 +74,30 @@ def same_config(doc: dict, a: str, b: str) -> bool:
     return argv.get(a) is not None and argv.get(a) == argv.get(b)
 
 
+def passes_by_session(names) -> dict[str, list[str]]:  # type: ignore[no-untyped-def]
+    """Session names of a bench (NAME or NAME#K, one per pass, "all" left out) grouped by session: a
+    session's verdict adds up its passes."""
+    out: dict[str, list[str]] = {}
+    for name in dict.fromkeys(n for n in names if n != "all"):
+        out.setdefault(name.split("#")[0], []).append(name)
+    return out
+
+
+def session_label(session: str, passes: list[str]) -> str:
+    return session if len(passes) == 1 else f"{session} ({len(passes)} passes)"
+
+
 def session_walls(doc: dict, stands_for: str | None) -> dict[str, dict[str, float]]:
-    """Per session of one bench: wall time per configuration, alone. `stands_for`: the static type auto runs
-    as it is (not run twice), which gets auto's wall time."""
+    """Per session of one bench: wall time per configuration, alone, over its passes (configurations every
+    pass ran). `stands_for`: the static type auto runs as it is (not run twice), which gets auto's wall time."""
     out: dict[str, dict[str, float]] = {}
-    passes: dict[str, list[dict[str, float]]] = {}
-    for session, phases in doc["projection"].items():
-        if session != "all":  # a session's passes (NAME#K) added up: configurations every pass ran
-            passes.setdefault(session.split("#")[0], []).append(
-                {c: p["wall_s"] for c, p in phases.get("alone", {}).items()})
-    for session, each in passes.items():
+    for session, names in passes_by_session(doc["projection"]).items():
+        each = [{c: p["wall_s"] for c, p in doc["projection"][n].get("alone", {}).items()} for n in names]
         rows = {c: sum(r[c] for r in each) for c in set.intersection(*(set(r) for r in each))}
         auto = next((c for c in rows if c.startswith("auto@")), None)
         if auto is not None and stands_for and stands_for not in rows:
             rows[f"{stands_for} (= {auto})"] = rows[auto]
-        out[session if len(each) == 1 else f"{session} ({len(each)} passes)"] = rows
+        out[session_label(session, names)] = rows
     return out
 
 
@@ -129,10 +138,7 @@ def retimed_verdict(docs: list[tuple[dict, str | None]]) -> list[str]:
     for doc, stands_for in docs:
         by = {(s["session"], s["config"]): [SimpleNamespace(**t) for t in s["turns"]]
               for s in doc["sessions"] if s["phase"] == "alone"}
-        groups: dict[str, list[str]] = {}  # a session's passes (NAME#K), added up
-        for sess in dict.fromkeys(k[0] for k in by):
-            groups.setdefault(sess.split("#")[0], []).append(sess)
-        for session, each in groups.items():
+        for session, each in passes_by_session(k[0] for k in by).items():
             rows = {}
             if all((sess, "off") in by for sess in each):
                 labels = set.intersection(*({c for (x, c) in by if x == sess and "ngram" in c} for sess in each))
@@ -141,7 +147,7 @@ def retimed_verdict(docs: list[tuple[dict, str | None]]) -> list[str]:
             if auto is None:
                 continue
             rows["off"] = sum(t.wall_s for sess in each for t in by[(sess, "off")])
-            session = session if len(each) == 1 else f"{session} ({len(each)} passes)"
+            session = session_label(session, each)
             if stands_for and stands_for not in rows:
                 rows[stands_for] = rows[auto]
             out.append(verdict_line(f"{session} (retimed)", rows, auto, False))
