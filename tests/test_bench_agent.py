@@ -21,7 +21,8 @@ from bostudio.bench.agent import (TurnResult, _needed, fitted_session, prefill_s
                                   session_totals, sessions_json)
 from bostudio.bench.load import CompetingLoad
 from bostudio.bench.runner import BenchConfig, parse_flash_attn, parse_threads, with_flash_attn, with_threads
-from bostudio.bench.sessions import (AGENT, ROUTES, Request, recorded_session, replay_request, shipped_session)
+from bostudio.bench.sessions import (AGENT, ROUTES, Request, module_of_turn, recorded_session, replay_request,
+                                    shipped_session)
 from bostudio.daemon.record import Recorder
 from bostudio.errors import ConfigError
 from tests.daemon_util import DaemonProc
@@ -117,6 +118,30 @@ def test_shipped_session_grows_on_one_prefix_and_is_deterministic() -> None:
     # the default system prompt is of real size (~18k tokens; the bench reports the exact count)
     big = shipped_session(turns=1).requests[0].body["messages"][0]["content"]
     assert 50_000 < len(big) < 70_000
+
+
+def test_bench_and_tune_passes_of_the_shipped_session_read_different_modules() -> None:
+    """Turn k of pass r read module r + k before, so consecutive bench passes shared all but one module and tune
+    read modules a few away: the bench's passes were one sample of the content. Now each pass reads modules
+    spread over the package, bench passes (0, 1 ...) and tune's (-1, -2 ...) none in common while they are
+    fewer than modules // turns together, and every pass reads `turns` different modules."""
+    from bostudio.bench.tune_sessions import SESSION_VARIANT
+
+    modules, turns = 89, 12
+    read = {v: [module_of_turn(v, k, modules, turns) for k in range(turns)] for v in (0, 1, 2, 3, -1, -2, -3)}
+    for v, got in read.items():
+        assert len(set(got)) == turns and all(0 <= m < modules for m in got)
+        assert max(got) - min(got) >= modules // 2  # spread over the package, not one corner of it
+    for a in read:
+        for b in read:
+            if a != b:
+                assert not set(read[a]) & set(read[b]), (a, b)
+    assert module_of_turn(0, 3, 5, 12) == 3  # fewer modules than turns: every module in turn, still in range
+    # the session itself: a tool result of turn 1 of a tune pass is a module no bench pass reads at turn 1
+    bench = [shipped_session(prefix_tokens=2000, turns=3, variant=v) for v in (0, 1)]
+    tune = shipped_session(prefix_tokens=2000, turns=3, variant=SESSION_VARIANT)
+    first_read = [x.requests[1].body["messages"][-1]["content"] for x in (*bench, tune)]
+    assert len(set(first_read)) == 3
 
 
 def test_shipped_session_is_fitted_to_the_models_context(tmp_path: Path) -> None:

@@ -139,7 +139,8 @@ def fitted_session(name: str, prefix_tokens: int, turns: int, variant: int, toke
         prefix = max(MIN_PREFIX_TOKENS, prefix - over)  # a prefix token is ~3.4 characters: this overshoots
         session = resolve_session(name, prefix, turns, variant)
     if prefix != prefix_tokens:
-        note(f"agent session (pass {variant + 1}): system prompt cut from {prefix_tokens} to {prefix} tokens so "
+        which = f"pass {variant + 1}" if variant >= 0 else f"tune's pass {-variant}"
+        note(f"agent session ({which}): system prompt cut from {prefix_tokens} to {prefix} tokens so "
              f"that its last turn fits the model's {n_ctx_train}-token context")
     return session
 

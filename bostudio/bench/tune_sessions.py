@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from bostudio.bench.measure import OFF, Sample
 from bostudio.profiles import MIN_NOISE, MIN_PAIRED, ModelIdentity, Profile, engine_identity, save_profile
-from bostudio.bench.tune import (RANKED, TUNE_VARIANT, Tally, TuneResult, best_by_kind, break_even_acceptance,
+from bostudio.bench.tune import (RANKED, Tally, TuneResult, best_by_kind, break_even_acceptance,
                                  candidates, choose_config, halve, ranking)
 from bostudio.speculation import Speculator
 
@@ -44,6 +44,10 @@ if TYPE_CHECKING:
     from bostudio.bench.agent import TurnResult
 
 C = TypeVar("C")  # a bench configuration (runner.BenchConfig, imported where the servers start)
+# Tune's passes of the shipped session are variants -1, -2 ..., the bench's 0, 1 ...: they read different
+# modules (sessions.module_of_turn), so tune does not choose on what the bench then measures. Before, tune's
+# passes were the prompts' variants (tune.TUNE_VARIANT, 1000 on).
+SESSION_VARIANT = -1
 
 
 def pass_fits(elapsed_s: float, budget_s: float, pass_costs: Sequence[float]) -> bool:
@@ -154,7 +158,7 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
     info = describe(model_path)
     started = time.monotonic()
     n_tokens = tokens or 128
-    first = agent.fitted_session(workload, prefix_tokens, session_turns, TUNE_VARIANT, n_tokens, info.n_ctx_train,
+    first = agent.fitted_session(workload, prefix_tokens, session_turns, SESSION_VARIANT, n_tokens, info.n_ctx_train,
                                  progress)
     ctx = agent.session_ctx([first], n_tokens, info.n_ctx_train, progress)
     pool = [Tally(c) for c in candidates(engine.spec_types, info.has_mtp, draft)]
@@ -204,7 +208,7 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
                 break
             rounds += 1
             progress(f"round {rounds}: {len(alive)} candidate(s) x {n} session pass(es)")
-            sessions = [agent.fitted_session(workload, prefix_tokens, session_turns, TUNE_VARIANT + served + i,
+            sessions = [agent.fitted_session(workload, prefix_tokens, session_turns, SESSION_VARIANT - served - i,
                                              n_tokens, info.n_ctx_train, progress) for i in range(n)]
             sessions = [replace(x, name=f"{x.name}#{served + i + 1}") for i, x in enumerate(sessions)]
             served += n
