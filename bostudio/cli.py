@@ -608,6 +608,9 @@ def cmd_ps(args: argparse.Namespace) -> int:
               f"{_fmt(st.get('mean_accepted_length'), '.2f'):>8} {st['requests']:>5} {_prompts(r.get('prompts')):>16}")
         if r.get("chat_template", {}).get("is_fallback"):  # issue21
             print(f"  chat template: {r['chat_template']['label']}")
+        if st.get("tool_calls_rescued"):
+            print(f"  tool calls written as text and sent as calls: {st['tool_calls_rescued']} "
+                  f"(of {st['requests']} requests)")
         retry = r.get("retry")
         if retry:
             when = "" if retry.get("in_s") is None else f" (in {retry['in_s']:.0f} s)"

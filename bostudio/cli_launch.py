@@ -6,6 +6,7 @@ import argparse
 import json
 import shlex
 import shutil
+import sys
 
 from bostudio.agents import AGENTS, BINARIES, PINNED
 
@@ -25,7 +26,8 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=None, metavar="N",
                    help="context size (default: what the memory plan gives, as `bostudio plan MODEL` shows)")
     p.add_argument("--max-output", type=int, default=None, metavar="N",
-                   help="the output limit the agent asks for (default: a quarter of the context, at most 32768)")
+                   help="the output limit the agent asks for (default: an eighth of the context, at most 32768; the agent "
+                        "compacts below the context less this)")
     p.add_argument("--port", type=int, default=None, help="the daemon's port, when it has to be started")
     p.add_argument("--print", dest="print_only", action="store_true",
                    help="show the configuration (environment, files, command) instead of running the agent")
@@ -79,8 +81,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
         for path, content in cfg.files.items():
             print(f"# file {path}:")
             print("".join(f"#   {line}\n" for line in content.splitlines()), end="")
+        print("".join(f"# {note}\n" for note in cfg.notes), end="")
         print(shlex.join([cfg.binary, *cfg.args, *user_args]))
         print(f"# not installed? npm install -g {cfg.npm_package}")
         return 0
+    for note in cfg.notes:
+        if note.startswith("!"):  # a context too small for the agent: say so before it starts
+            print(f"bostudio: {note[2:]}", file=sys.stderr)
     exec_agent(cfg, user_args)
     return 0  # not reached: exec replaces this process

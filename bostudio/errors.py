@@ -13,6 +13,7 @@ the CLI prints its message and hint on one line each and exits non-zero, never a
     ├── PlanError            a model (and speculator) cannot be planned onto the devices
     ├── DaemonError          the bostudio daemon is not running, refused, or failed a request
     └── RequestError         an API request the daemon rejects (bad or harmful parameters): HTTP 400
+        └── ContextOverflowError  a prompt longer than the model's context
 """
 
 from __future__ import annotations
@@ -74,3 +75,13 @@ class DaemonError(BostudioError):
 
 class RequestError(BostudioError):
     title = "bad request"
+
+    code: str | None = None  # the OpenAI error code a client acts on, where there is one
+
+
+class ContextOverflowError(RequestError):
+    """A prompt longer than the context the model runs with. Worded as Anthropic's own 400 ("prompt is too
+    long: N tokens > M maximum"), which Claude Code answers by compacting the conversation and sending it
+    again; OpenAI clients (Codex, opencode) read the code `context_length_exceeded`."""
+
+    code = "context_length_exceeded"

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bostudio.agents import LOCAL_TIMEOUT_MS, AgentTarget, configure, max_output_for
+from bostudio.agents import (CLAUDE_OWN_PROMPT, LOCAL_TIMEOUT_MS, AgentTarget, claude_compacts_at, compaction_notes,
+                             configure, max_output_for)
 from bostudio.daemon.capabilities import ModelCaps
 from bostudio.daemon.normalise import normalise, strip_billing_header
 from bostudio.engine.argv import LaunchSpec, build_argv
@@ -151,8 +152,29 @@ def test_opencode_gets_an_openai_compatible_provider(tmp_path: Path) -> None:
     assert prov["npm"] == "@ai-sdk/openai-compatible"
     assert prov["options"] == {"baseURL": TARGET.url + "/v1", "apiKey": "tok", "timeout": LOCAL_TIMEOUT_MS,
                                "headerTimeout": LOCAL_TIMEOUT_MS, "chunkTimeout": LOCAL_TIMEOUT_MS}
-    assert prov["models"][TARGET.model]["limit"] == {"context": 32768, "output": TARGET.max_output}
+    # opencode compacts at limit.input less compaction.reserved (SessionCompaction.isOverflow in its code)
+    assert prov["models"][TARGET.model]["limit"] == {"context": 32768, "input": 32768 - TARGET.max_output,
+                                                     "output": TARGET.max_output}
+    assert data["compaction"] == {"auto": True, "reserved": TARGET.max_output}
     assert data["model"] == f"bostudio/{TARGET.model}"
+
+
+def test_each_agent_compacts_with_room_for_its_next_turn(tmp_path: Path) -> None:
+    """At 32k of context every agent compacts above its own prompt (Claude Code's is about 12k tokens) and
+    early enough that the compaction request and its answer still fit; --print says where."""
+    claude = configure("claude", TARGET, tmp_path)
+    at = claude_compacts_at(32768, int(claude.env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"]))
+    assert CLAUDE_OWN_PROMPT + 2000 < at < 32768 - TARGET.max_output
+    assert f"{at:,}" in claude.notes[0] and not any(n.startswith("!") for n in claude.notes)
+    codex = tomllib.loads(next(iter(configure("codex", TARGET, tmp_path).files.values())))
+    assert 16384 < codex["model_auto_compact_token_limit"] <= 32768 - 32768 // 4  # room for the daemon's limit
+    assert "compacts at" in configure("opencode", TARGET, tmp_path).notes[0]
+
+
+def test_a_context_too_small_for_claude_code_is_said() -> None:
+    small = AgentTarget("http://x", None, "m", 16384, max_output_for(16384))
+    notes = compaction_notes("claude", small)
+    assert notes[1].startswith("!") and "--ctx" in notes[1]
 
 
 def test_requests_without_an_output_limit_get_one() -> None:

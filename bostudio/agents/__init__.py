@@ -7,7 +7,7 @@ of bostudio's (its own config still loads; ours adds a provider)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 # The versions bostudio is tested with (scripts/setup_agents.sh installs exactly these).
@@ -39,16 +39,61 @@ class AgentConfig:
     env: dict[str, str]
     files: dict[str, str] = field(default_factory=dict)  # absolute path -> content (bostudio-owned)
     args: tuple[str, ...] = ()  # argv after the binary, before the user's arguments
+    notes: tuple[str, ...] = ()  # how the agent stays inside the model's context (compaction_notes)
 
     def to_json(self) -> dict:
         return {"agent": self.agent, "binary": self.binary, "npm_package": self.npm_package,
                 "install": f"npm install -g {self.npm_package}", "env": dict(self.env), "files": dict(self.files),
-                "args": list(self.args)}
+                "args": list(self.args), "context_notes": list(self.notes)}
 
 
 def max_output_for(ctx: int) -> int:
-    """The output limit the agent gets: a quarter of the window, at most 32k, so the prompt keeps the rest."""
-    return max(256, min(32768, ctx // 4))
+    """The output limit the agent gets: an eighth of the window, at most 32k. The agents compact at the
+    window less this limit (less a buffer of their own), so a larger one leaves a small model's session no
+    room: Claude Code's own prompt is about 12k tokens, and with 32k of context and 8k of output it compacted
+    at 11.6k, before its first answer. 4k is still more than any one turn of a coding agent writes."""
+    return max(256, min(32768, ctx // 8))
+
+
+# Claude Code 2.1 compacts when the conversation reaches its window (CLAUDE_CODE_MAX_CONTEXT_TOKENS for a
+# model it does not know) less min(output limit, 20k) less this buffer (measured against the CLI: with a
+# 32,768 window and a 4,000 output limit it compacted between 12k and 18k reported tokens; its code: 13,000).
+CLAUDE_COMPACT_BUFFER = 13_000
+CLAUDE_OWN_PROMPT = 12_000  # its system prompt and tool schemas, in a Qwen2.5 or Gemma tokenizer
+
+
+def claude_compacts_at(ctx: int, max_output: int) -> int:
+    """The conversation size at which Claude Code compacts, for a window `ctx` and output limit."""
+    return ctx - min(max_output, 20_000) - CLAUDE_COMPACT_BUFFER
+
+
+def compaction_notes(agent: str, target: AgentTarget) -> list[str]:
+    """How the agent stays inside the model's context: what bostudio sets and what the CLI then does."""
+    ctx, out = target.ctx, target.max_output
+    if agent == "claude":
+        at = claude_compacts_at(ctx, out)
+        notes = [f"Claude Code compacts the conversation at about {at:,} of {ctx:,} tokens (its window less the "
+                 f"{min(out, 20_000):,}-token output limit and its own {CLAUDE_COMPACT_BUFFER:,}-token buffer), and "
+                 f"when the daemon answers that a prompt is too long it compacts and sends it again."]
+        if at < CLAUDE_OWN_PROMPT + 2_000:
+            notes.append(f"! at {ctx:,} tokens of context Claude Code's own prompt (about {CLAUDE_OWN_PROMPT:,} "
+                         f"tokens) leaves no room before it compacts: it would compact on every turn. Give the model "
+                         f"more context (--ctx {CLAUDE_OWN_PROMPT + 2_000 + CLAUDE_COMPACT_BUFFER + out} or more).")
+        return notes
+    if agent == "codex":
+        return [f"Codex compacts at {codex_compact_limit(ctx):,} of {ctx:,} tokens (model_auto_compact_token_limit); "
+                f"it sends no output limit, so the daemon gives each request one."]
+    return [f"opencode compacts at {opencode_compact_at(ctx, out):,} of {ctx:,} tokens (its input limit less the "
+            f"reserved {out:,} tokens)."]
+
+
+def codex_compact_limit(ctx: int) -> int:
+    """Codex's auto-compact limit: room for the daemon's output limit (a quarter) and a margin beside it."""
+    return ctx - ctx // 4 - ctx // 16
+
+
+def opencode_compact_at(ctx: int, out: int) -> int:
+    return ctx - 2 * out
 
 
 def _key(target: AgentTarget) -> str:
@@ -70,7 +115,7 @@ def claude_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
         # the volatile billing block would defeat the prompt cache (the daemon strips it too)
         "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        # the real window of an unknown model; ask for no more output than fits
+        # the real window of a model it does not know: it compacts below it (claude_compacts_at)
         "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(target.ctx),
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(target.max_output),
         "API_TIMEOUT_MS": str(LOCAL_TIMEOUT_MS),
@@ -90,7 +135,7 @@ def codex_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
         'model_provider = "bostudio"',
         f"model = {json.dumps(target.model)}",
         f"model_context_window = {target.ctx}",
-        f"model_auto_compact_token_limit = {target.ctx * 9 // 10}",
+        f"model_auto_compact_token_limit = {codex_compact_limit(target.ctx)}",
         'approval_policy = "on-request"',
         "check_for_update_on_startup = false",
         "",
@@ -126,13 +171,16 @@ def opencode_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
         "small_model": f"bostudio/{target.model}",
         "share": "disabled",
         "autoupdate": False,
+        # opencode compacts at limit.input less compaction.reserved (its SessionCompaction.isOverflow)
+        "compaction": {"auto": True, "reserved": target.max_output},
         "provider": {"bostudio": {
             "npm": "@ai-sdk/openai-compatible",
             "name": "bostudio",
             "options": {"baseURL": target.url + "/v1", "apiKey": _key(target), "timeout": LOCAL_TIMEOUT_MS,
                         "headerTimeout": LOCAL_TIMEOUT_MS, "chunkTimeout": LOCAL_TIMEOUT_MS},
             "models": {target.model: {"name": target.model, "tool_call": True,
-                                      "limit": {"context": target.ctx, "output": target.max_output}}},
+                                      "limit": {"context": target.ctx, "input": target.ctx - target.max_output,
+                                                "output": target.max_output}}},
         }},
     }
     pkg, ver = PINNED["opencode"]
@@ -148,7 +196,7 @@ AGENTS = tuple(CONFIGURE)
 
 def configure(agent: str, target: AgentTarget, config_dir: Path) -> AgentConfig:
     """The configuration for `agent` (claude | codex | opencode). Raises KeyError for another name."""
-    return CONFIGURE[agent](target, config_dir)
+    return replace(CONFIGURE[agent](target, config_dir), notes=tuple(compaction_notes(agent, target)))
 
 
 __all__ = ["AgentTarget", "AgentConfig", "AGENTS", "PINNED", "BINARIES", "LOCAL_TIMEOUT_MS", "configure",

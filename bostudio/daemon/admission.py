@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from bostudio.errors import RequestError
+from bostudio.errors import ContextOverflowError
 
 # Where the child counts a request's prompt tokens (template applied) for each generating route.
 COUNT_ROUTES = {"/v1/chat/completions": "/v1/chat/completions/input_tokens",
@@ -133,14 +133,14 @@ def reservation(prompt: int, body: dict, ctx: int) -> int:
     return min(ctx, prompt + (room if out is None else min(out, room)) + DRAFT_ROOM)
 
 
-def too_long(model: str, prompt: int, ctx: int, n_ctx_train: int | None) -> RequestError:
+def too_long(model: str, prompt: int, ctx: int, n_ctx_train: int | None) -> ContextOverflowError:
     """The 400 for a prompt the context can never hold: the numbers and what to do."""
     more = (f"; restart the model with a larger context (`bostudio up --daemon {model} --ctx N`, up to the "
             f"{n_ctx_train} tokens it was trained for, as memory allows)" if n_ctx_train and n_ctx_train > ctx
             else "")
-    return RequestError(f"the prompt is {prompt} tokens, but {model} runs with a context of {ctx} tokens: "
-                        f"it cannot fit", f"shorten the conversation (compact it, drop old turns or tool "
-                        f"output){more}")
+    return ContextOverflowError(f"prompt is too long: {prompt} tokens > {ctx} maximum ({model} runs with a "
+                                f"context of {ctx} tokens)", f"shorten the conversation (compact it, drop old "
+                                f"turns or tool output){more}")
 
 
 def exceed_message(data: bytes) -> tuple[int, int] | None:

@@ -330,8 +330,11 @@ def _generate_routes(api: APIRouter, sup: Supervisor, router: Router) -> None:
             out.update(final_fields(data.get("timings"), data.get("usage"), started, choice.get("finish_reason")))
             yield json.dumps(out).encode()
 
+        translate = translate_stream if streaming else translate_body
+        rescue = router.tool_rescue(inst, path, "openai", translated, streaming, upstream.status_code) \
+            if chat else None
         return router.relay(inst, upstream, streaming, "ollama",
-                            transform=translate_stream if streaming else translate_body,
+                            transform=(lambda chunks: translate(rescue(chunks))) if rescue else translate,
                             media_type="application/x-ndjson" if streaming else "application/json",
                             status_code=upstream.status_code)
 

@@ -17,7 +17,7 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from bostudio.daemon import admission, record
+from bostudio.daemon import admission, record, toolrescue
 from bostudio.daemon.capabilities import GENERATE, model_caps
 from bostudio.daemon.guard import check_request
 from bostudio.daemon.normalise import normalise
@@ -68,7 +68,9 @@ def api_error(api: str, status: int, message: str, type_: str, hint: str = "", c
 
 def error_response(exc: BaseException, api: str = "openai") -> JSONResponse:
     """Every error leaves the daemon as JSON in the client's API shape (OpenAI by default)."""
-    if isinstance(exc, (RequestError, ConfigError)):
+    if isinstance(exc, RequestError):
+        return api_error(api, 400, exc.message, "invalid_request_error", exc.hint, exc.code)
+    if isinstance(exc, ConfigError):
         return api_error(api, 400, exc.message, "invalid_request_error", exc.hint)
     if isinstance(exc, ModelError):
         return api_error(api, 404, exc.message, "not_found_error", exc.hint, "model_not_found")
@@ -325,7 +327,21 @@ class Router:
         streaming = body.get("stream") is True
         if upstream.status_code >= 400 and (api == "anthropic" or upstream.status_code == 400):
             return await self.translate_error(inst, upstream, api)
-        return self.relay(inst, upstream, streaming, api)
+        return self.relay(inst, upstream, streaming, api,
+                          transform=self.tool_rescue(inst, path, api, body, streaming, upstream.status_code))
+
+    def tool_rescue(self, inst: Instance, path: str, api: str, body: dict, streaming: bool, status: int):
+        """The relay transform that makes a near-miss tool call in the answer a real one (toolrescue.py),
+        or None when the request has no tools to call or the answer is an error."""
+        if status != 200:
+            return None
+
+        def fired(tool: str) -> None:
+            inst.stats.tool_calls_rescued += 1
+            log.info("%s: the answer to %s was a tool call written as text (%s); sent as a call "
+                     "(%d so far)", inst.name, path, tool, inst.stats.tool_calls_rescued)
+
+        return toolrescue.rescuer(path, api, body, streaming, fired)
 
     async def translate_error(self, inst: Instance, upstream: passthrough.UpstreamResponse, api: str) -> Response:
         """llama-server's (OpenAI-shaped) error body, re-shaped for `api`."""

@@ -40,6 +40,7 @@ class InstanceStats:
     draft_accepted: int = 0
     acceptance_rate: float | None = None  # accepted / drafted
     mean_accepted_length: float | None = None  # 1 + accepted / drafts (from /metrics)
+    tool_calls_rescued: int = 0  # answers written as a fenced JSON call, sent as calls (toolrescue.py)
     _decode_ms: float = 0.0
     _decode_n: int = 0
 

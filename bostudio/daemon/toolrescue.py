@@ -1,0 +1,395 @@
+"""Near-miss tool calls made real. A small model given tools often writes its call as text: a fenced
+```json block (or a bare JSON object) holding `{"name": ..., "arguments": {...}}`, where its template asks
+for `<tool_call>` markers. llama-server's parser then finds no call, the agent prints the JSON as its answer
+and nothing happens (Qwen2.5-Coder-1.5B did so on Claude Code's prompt and on a one-tool request).
+
+The rule is narrow on purpose. A response becomes a tool call only when ALL of it:
+- is the whole text of the answer (nothing before or after but white space), with no real call beside it;
+- is one JSON object, bare or in one ``` fence (any language tag), optionally wrapped in <tool_call> tags;
+- names one of the request's own tools (`name`), and carries its arguments as an object (`arguments`,
+  `parameters` or `input`; a JSON string holding an object counts) and no other key;
+- and those arguments validate against that tool's JSON schema.
+Text that fails any of these passes through unchanged: never a call that fails the schema. A request with
+`tool_choice: none` (or no tools) is never touched.
+
+For a streamed answer, text deltas are held only while the answer so far could still be such a block (it
+is empty or starts with "`", "{" or "<tool_call>"); the first other character releases them and the rest
+streams through untouched. A held answer is decided at its end. Pure: bytes in, bytes out, per API
+dialect (OpenAI chat, Anthropic messages, OpenAI Responses), streamed (SSE) or whole (JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import jsonschema
+import referencing.exceptions
+
+FENCE = re.compile(r"\A```[\w+-]*[ \t]*\n(.*?)\n?[ \t]*```\Z", re.S)
+TOOL_CALL_TAGS = re.compile(r"\A<tool_call>\s*(.*?)\s*</tool_call>\Z", re.S)
+ARG_KEYS = ("arguments", "parameters", "input")
+MAX_HELD = 1 << 20  # bytes of held text; past this the answer streams on as text
+
+
+def request_tools(api: str, body: dict) -> dict[str, dict]:
+    """The request's function tools, name -> JSON schema of the arguments ({} when it may call none)."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if not isinstance(tools, list) or choice == "none" or (isinstance(choice, dict) and choice.get("type") == "none"):
+        return {}
+    out: dict[str, dict] = {}
+    for t in tools:
+        if not isinstance(t, dict):
+            continue
+        if api == "anthropic":
+            if t.get("type") not in (None, "custom"):
+                continue  # a server tool (web search ...): no schema of ours
+            name, schema = t.get("name"), t.get("input_schema")
+        elif isinstance(t.get("function"), dict):  # OpenAI chat
+            name, schema = t["function"].get("name"), t["function"].get("parameters")
+        elif t.get("type") == "function":  # Responses
+            name, schema = t.get("name"), t.get("parameters")
+        else:
+            continue
+        if isinstance(name, str) and name:
+            out[name] = schema if isinstance(schema, dict) else {"type": "object"}
+    return out
+
+
+def near_miss_call(text: str, tools: dict[str, dict]) -> tuple[str, dict] | None:
+    """(tool name, arguments) when the whole `text` is a call to one of `tools` that validates, else None."""
+    if not tools or len(text) > MAX_HELD:
+        return None
+    inner = text.strip()
+    fenced = FENCE.match(inner)
+    if fenced:
+        inner = fenced.group(1).strip()
+    tagged = TOOL_CALL_TAGS.match(inner)
+    if tagged:
+        inner = tagged.group(1).strip()
+    if not inner.startswith("{"):
+        return None
+    try:
+        obj = json.loads(inner)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or obj["name"] not in tools:
+        return None
+    keys = [k for k in obj if k != "name"]
+    if len(keys) > 1 or (keys and keys[0] not in ARG_KEYS):
+        return None
+    args: Any = obj[keys[0]] if keys else {}
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except (ValueError, RecursionError):
+            return None
+    if not isinstance(args, dict):
+        return None
+    schema = tools[obj["name"]]
+    try:
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        cls.check_schema(schema)
+        if not cls(schema).is_valid(args):
+            return None
+    except (jsonschema.exceptions.SchemaError, referencing.exceptions.Unresolvable, RecursionError, TypeError,
+            ValueError):
+        return None  # a schema we cannot check: never guess
+    return obj["name"], args
+
+
+def could_be_call(text: str) -> bool:
+    """Whether an answer that starts with `text` may still turn out to be a near-miss call."""
+    s = text.lstrip()
+    return s == "" or s.startswith(("`", "{")) or "<tool_call>".startswith(s[:11]) or s.startswith("<tool_call>")
+
+
+# ------------------------------------------------------------------------------------------- SSE plumbing
+
+def _events(buf: bytearray) -> list[bytes]:
+    """Complete SSE events taken off the front of `buf` (each with its blank-line terminator)."""
+    out = []
+    while True:
+        cut = min((i for i in (buf.find(b"\n\n"), buf.find(b"\r\n\r\n")) if i >= 0), default=-1)
+        if cut < 0:
+            return out
+        end = cut + (4 if buf[cut:cut + 4] == b"\r\n\r\n" else 2)
+        out.append(bytes(buf[:end]))
+        del buf[:end]
+
+
+def _data(event: bytes) -> Any:
+    """The JSON of an SSE event's data lines, or None (also for `[DONE]`)."""
+    lines = [ln[5:].strip() for ln in event.splitlines() if ln.startswith(b"data:")]
+    if not lines:
+        return None
+    try:
+        return json.loads(b"\n".join(lines))
+    except ValueError:
+        return None
+
+
+def _sse(data: Any, event: str | None = None) -> bytes:
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(data)}\n\n".encode()
+
+
+def _call_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+class _Dialect(ABC):
+    """One API's streamed events: which carry answer text, which a real call, how to rewrite."""
+
+    @abstractmethod
+    def text_of(self, data: Any) -> str | None:
+        ...
+
+    @abstractmethod
+    def has_call(self, data: Any) -> bool:
+        ...
+
+    @abstractmethod
+    def rewrite(self, events: list[bytes], name: str, args: dict) -> list[bytes] | None:
+        ...
+
+    @abstractmethod
+    def rewrite_body(self, data: dict, name: str, args: dict) -> dict | None:
+        ...
+
+    @abstractmethod
+    def body_text(self, data: dict) -> str | None:
+        ...
+
+
+class _OpenAIChat(_Dialect):
+    def text_of(self, data: Any) -> str | None:
+        if not isinstance(data, dict):
+            return None
+        for c in data.get("choices") or []:
+            if isinstance(c, dict) and isinstance(c.get("delta"), dict) and isinstance(c["delta"].get("content"), str):
+                return c["delta"]["content"]
+        return None
+
+    def has_call(self, data: Any) -> bool:
+        return isinstance(data, dict) and any(isinstance(c, dict) and isinstance(c.get("delta"), dict)
+                                              and c["delta"].get("tool_calls") for c in data.get("choices") or [])
+
+    def rewrite(self, events: list[bytes], name: str, args: dict) -> list[bytes] | None:
+        out, placed = [], False
+        call = {"index": 0, "id": _call_id("call_"), "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)}}
+        for ev in events:
+            data = _data(ev)
+            if not isinstance(data, dict) or not data.get("choices"):
+                out.append(ev)
+                continue
+            choice = data["choices"][0]
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                if not placed:  # the call goes where the text began
+                    placed = True
+                    out.append(_sse({**data, "choices": [{**choice, "delta": {"tool_calls": [call]}}]}))
+                continue
+            if choice.get("finish_reason") is not None:
+                if not placed:
+                    return None
+                data = {**data, "choices": [{**choice, "finish_reason": "tool_calls"}]}
+                out.append(_sse(data))
+                continue
+            out.append(ev)
+        return out if placed else None
+
+    def body_text(self, data: dict) -> str | None:
+        msg = ((data.get("choices") or [{}])[0] or {}).get("message") or {}
+        return None if msg.get("tool_calls") else msg.get("content")
+
+    def rewrite_body(self, data: dict, name: str, args: dict) -> dict | None:
+        choice = data["choices"][0]
+        msg = {**choice["message"], "content": None,
+               "tool_calls": [{"id": _call_id("call_"), "type": "function",
+                               "function": {"name": name, "arguments": json.dumps(args)}}]}
+        return {**data, "choices": [{**choice, "message": msg, "finish_reason": "tool_calls"}]}
+
+
+class _Anthropic(_Dialect):
+    def text_of(self, data: Any) -> str | None:
+        if isinstance(data, dict) and data.get("type") == "content_block_delta":
+            delta = data.get("delta") or {}
+            if delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
+                return delta["text"]
+        return None
+
+    def has_call(self, data: Any) -> bool:
+        return isinstance(data, dict) and data.get("type") == "content_block_start" and \
+            (data.get("content_block") or {}).get("type") != "text"
+
+    def rewrite(self, events: list[bytes], name: str, args: dict) -> list[bytes] | None:
+        out, starts = [], 0
+        block = {"type": "tool_use", "id": _call_id("toolu_"), "name": name, "input": {}}
+        for ev in events:
+            data = _data(ev)
+            kind = data.get("type") if isinstance(data, dict) else None
+            if kind == "content_block_start":
+                starts += 1
+                out.append(_sse({**data, "content_block": block}, "content_block_start"))
+                out.append(_sse({"type": "content_block_delta", "index": data.get("index", 0),
+                                 "delta": {"type": "input_json_delta", "partial_json": json.dumps(args)}},
+                                "content_block_delta"))
+            elif kind == "content_block_delta":
+                continue
+            elif kind == "message_delta":
+                out.append(_sse({**data, "delta": {**(data.get("delta") or {}), "stop_reason": "tool_use"}},
+                                "message_delta"))
+            else:
+                out.append(ev)
+        return out if starts == 1 else None
+
+    def body_text(self, data: dict) -> str | None:
+        content = data.get("content")
+        if not isinstance(content, list) or len(content) != 1 or (content[0] or {}).get("type") != "text":
+            return None
+        return content[0].get("text")
+
+    def rewrite_body(self, data: dict, name: str, args: dict) -> dict | None:
+        return {**data, "content": [{"type": "tool_use", "id": _call_id("toolu_"), "name": name, "input": args}],
+                "stop_reason": "tool_use"}
+
+
+class _Responses(_Dialect):
+    def text_of(self, data: Any) -> str | None:
+        if isinstance(data, dict) and data.get("type") == "response.output_text.delta":
+            return data.get("delta") if isinstance(data.get("delta"), str) else None
+        return None
+
+    def has_call(self, data: Any) -> bool:
+        return isinstance(data, dict) and data.get("type") == "response.output_item.added" and \
+            (data.get("item") or {}).get("type") not in ("message", None)
+
+    @staticmethod
+    def _item(name: str, args: dict, status: str) -> dict:
+        return {"type": "function_call", "id": _call_id("fc_"), "call_id": _call_id("call_"), "name": name,
+                "arguments": json.dumps(args), "status": status}
+
+    def rewrite(self, events: list[bytes], name: str, args: dict) -> list[bytes] | None:
+        out, added = [], 0
+        item = self._item(name, args, "completed")
+        for ev in events:
+            data = _data(ev)
+            kind = data.get("type") if isinstance(data, dict) else None
+            if kind == "response.output_item.added":
+                added += 1
+                idx = data.get("output_index", 0)
+                out.append(_sse({**data, "output_index": idx, "item": {**item, "arguments": "", "status": "in_progress"}},
+                                kind))
+                out.append(_sse({"type": "response.function_call_arguments.delta", "item_id": item["id"],
+                                 "output_index": idx, "delta": item["arguments"]},
+                                "response.function_call_arguments.delta"))
+                out.append(_sse({"type": "response.function_call_arguments.done", "item_id": item["id"],
+                                 "output_index": idx, "arguments": item["arguments"]},
+                                "response.function_call_arguments.done"))
+            elif kind in ("response.content_part.added", "response.output_text.delta", "response.output_text.done",
+                          "response.content_part.done"):
+                continue
+            elif kind == "response.output_item.done":
+                out.append(_sse({**data, "output_index": data.get("output_index", 0), "item": item}, kind))
+            elif kind in ("response.completed", "response.done") and isinstance(data.get("response"), dict):
+                out.append(_sse({**data, "response": self._completed(data["response"], item)}, kind))
+            else:
+                out.append(ev)
+        return out if added == 1 else None
+
+    @staticmethod
+    def _completed(resp: dict, item: dict) -> dict:
+        out = {**resp, "output": [item]}
+        out.pop("output_text", None)
+        return out
+
+    def body_text(self, data: dict) -> str | None:
+        output = data.get("output")
+        if not isinstance(output, list) or len(output) != 1 or (output[0] or {}).get("type") != "message":
+            return None
+        parts = output[0].get("content") or []
+        texts = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type") == "output_text"]
+        return "".join(t for t in texts if isinstance(t, str)) if len(texts) == len(parts) else None
+
+    def rewrite_body(self, data: dict, name: str, args: dict) -> dict | None:
+        return self._completed(data, self._item(name, args, "completed"))
+
+
+DIALECTS: dict[str, _Dialect] = {"/v1/chat/completions": _OpenAIChat(), "/v1/messages": _Anthropic(),
+                                 "/v1/responses": _Responses()}
+
+
+def rescuer(path: str, api: str, body: dict, streaming: bool,
+            fired: Callable[[str], None]) -> Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None:
+    """A relay transform that turns a near-miss call in the answer to `body` into a real one (calling
+    `fired(tool name)` when it does), or None when the request cannot have one."""
+    dialect = DIALECTS.get(path)
+    tools = request_tools(api, body) if dialect is not None else {}
+    if not tools:
+        return None
+    return _stream(dialect, tools, fired) if streaming else _whole(dialect, tools, fired)
+
+
+def _whole(dialect: _Dialect, tools: dict[str, dict], fired: Callable[[str], None]):
+    async def transform(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        raw = bytearray()
+        async for chunk in chunks:
+            raw += chunk
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None
+        text = dialect.body_text(data) if isinstance(data, dict) else None
+        found = near_miss_call(text, tools) if isinstance(text, str) else None
+        new = dialect.rewrite_body(data, *found) if found and isinstance(data, dict) else None
+        if new is None:
+            yield bytes(raw)
+            return
+        fired(found[0])  # type: ignore[index]
+        yield json.dumps(new).encode()
+    return transform
+
+
+def _stream(dialect: _Dialect, tools: dict[str, dict], fired: Callable[[str], None]):
+    async def transform(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        buf, held, text = bytearray(), [], []
+        holding = True
+        async for chunk in chunks:
+            if not holding:
+                yield chunk
+                continue
+            buf += chunk
+            for ev in _events(buf):
+                held.append(ev)
+                data = _data(ev)
+                piece = dialect.text_of(data)
+                if piece is not None:
+                    text.append(piece)
+                released = dialect.has_call(data) or (piece is not None and not could_be_call("".join(text))) \
+                    or sum(map(len, text)) > MAX_HELD
+                if released:
+                    holding = False
+                    break
+            if not holding:  # an ordinary answer: everything so far, then the rest as it comes
+                yield b"".join(held) + bytes(buf)
+                held.clear()
+                buf.clear()
+        if not holding:
+            return
+        found = near_miss_call("".join(text), tools) if text else None
+        rewritten = dialect.rewrite(held, *found) if found else None
+        if rewritten is not None:
+            fired(found[0])  # type: ignore[index]
+            held = rewritten
+        yield b"".join(held) + bytes(buf)
+    return transform
+
+
+__all__ = ["request_tools", "near_miss_call", "could_be_call", "rescuer", "DIALECTS"]

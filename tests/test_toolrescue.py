@@ -1,0 +1,259 @@
+"""Near-miss tool calls (bostudio/daemon/toolrescue.py): the narrow rule, table-driven, and the rewrite of
+each API dialect's answer, streamed and whole. The streams are shaped as the pinned llama-server sends them
+(tests/data/rescue_streams.json holds streams captured from it); every rewritten answer is read back by the
+official client library's own parser, so a client sees a real call."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from bostudio.daemon import toolrescue
+from bostudio.daemon.toolrescue import could_be_call, near_miss_call, request_tools
+
+WRITE = {"type": "object", "properties": {"file_path": {"type": "string"}, "content": {"type": "string"}},
+         "required": ["file_path", "content"], "additionalProperties": False}
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOLS = {"Write": WRITE, "get_weather": WEATHER}
+CALL = '{"name": "Write", "arguments": {"file_path": "hello.py", "content": "print(\'hello\')\\n"}}'
+
+
+@pytest.mark.parametrize("text, expected", [
+    (f"```json\n{CALL}\n```", "Write"),
+    (f"\n\n```json\n{CALL}\n```\n", "Write"),
+    (f"```\n{CALL}\n```", "Write"),
+    (CALL, "Write"),
+    (f"<tool_call>\n{CALL}\n</tool_call>", "Write"),
+    (f"```json\n<tool_call>\n{CALL}\n</tool_call>\n```", "Write"),
+    ('```json\n{"name": "get_weather", "parameters": {"city": "Paris"}}\n```', "get_weather"),
+    ('{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}', "get_weather"),
+    # not a call: prose around it, another tool, schema failures, extra keys, not JSON, several objects
+    (f"Here is the call:\n```json\n{CALL}\n```", None),
+    (f"```json\n{CALL}\n```\nDone.", None),
+    ('```json\n{"name": "Bash", "arguments": {"command": "ls"}}\n```', None),
+    ('```json\n{"name": "Write", "arguments": {"file_path": "hello.py"}}\n```', None),
+    ('```json\n{"name": "Write", "arguments": {"file_path": 3, "content": "x"}}\n```', None),
+    ('```json\n{"name": "Write", "arguments": {"file_path": "a", "content": "x", "mode": "w"}}\n```', None),
+    ('```json\n{"name": "get_weather", "arguments": {"city": "Paris"}, "id": 1}\n```', None),
+    ('```json\n{"name": "get_weather", "arguments": ["Paris"]}\n```', None),
+    ('```python\nprint("hello")\n```', None),
+    ('```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n{"name": "get_weather"}\n```', None),
+    ('{"city": "Paris"}', None),
+    ("", None),
+])
+def test_the_rule_is_narrow(text: str, expected: str | None) -> None:
+    found = near_miss_call(text, TOOLS)
+    assert (found[0] if found else None) == expected
+
+
+def test_an_unusable_schema_is_never_guessed() -> None:
+    assert near_miss_call('{"name": "f", "arguments": {}}', {"f": {"type": "no-such-type"}}) is None
+
+
+def test_request_tools_per_dialect_and_tool_choice_none() -> None:
+    chat = {"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]}
+    assert request_tools("openai", chat) == {"get_weather": WEATHER}
+    assert request_tools("openai", {**chat, "tool_choice": "none"}) == {}
+    responses = {"tools": [{"type": "function", "name": "get_weather", "parameters": WEATHER},
+                           {"type": "web_search"}]}
+    assert request_tools("openai", responses) == {"get_weather": WEATHER}
+    anthropic = {"tools": [{"name": "Write", "input_schema": WRITE}, {"type": "web_search_20250305", "name": "ws"}]}
+    assert request_tools("anthropic", anthropic) == {"Write": WRITE}
+    assert request_tools("anthropic", {**anthropic, "tool_choice": {"type": "none"}}) == {}
+    assert request_tools("openai", {"messages": []}) == {}
+
+
+@pytest.mark.parametrize("text, could", [("", True), ("  \n", True), ("`", True), ("``", True), ("```js", True),
+                                         ("{", True), ("<tool", True), ("<tool_call>{", True), ("Hello", False),
+                                         ("<div>", False), ("I'll", False)])
+def test_which_beginnings_are_held(text: str, could: bool) -> None:
+    assert could_be_call(text) is could
+
+
+# ------------------------------------------------------------------------------------ dialect rewrites
+
+STREAMS = json.loads((Path(__file__).parent / "data" / "rescue_streams.json").read_text())
+
+
+def run(transform, chunks: list[bytes]) -> bytes:
+    async def source():
+        for c in chunks:
+            yield c
+
+    async def collect() -> bytes:
+        return b"".join([c async for c in transform(source())])
+    return asyncio.run(collect())
+
+
+def split_odd(data: bytes, n: int = 7) -> list[bytes]:
+    """The stream cut in arbitrary places, as TCP may deliver it."""
+    return [data[i:i + n] for i in range(0, len(data), n)]
+
+
+def body_for(path: str, tools: dict) -> dict:
+    name, schema = next(iter(tools.items()))
+    if path == "/v1/messages":
+        return {"tools": [{"name": name, "input_schema": schema}]}
+    if path == "/v1/responses":
+        return {"tools": [{"type": "function", "name": name, "parameters": schema}]}
+    return {"tools": [{"type": "function", "function": {"name": name, "parameters": schema}}]}
+
+
+def api_for(path: str) -> str:
+    return "anthropic" if path == "/v1/messages" else "openai"
+
+
+def with_text(path: str, text: str) -> bytes:
+    """The captured stream of `path` with its answer text replaced by `text` (one delta per character run)."""
+    out, done = [], False
+    for ev in STREAMS[path]["stream"]:
+        data = json.loads(ev["data"]) if ev["data"] != "[DONE]" else None
+        d = toolrescue.DIALECTS[path]
+        if data is not None and d.text_of(data) is not None:
+            if done:
+                continue
+            done = True
+            for piece in [text[i:i + 5] for i in range(0, len(text), 5)]:
+                out.append(_event(ev, _set_text(path, data, piece)))
+            continue
+        out.append(_event(ev, data))
+    assert done
+    return b"".join(out)
+
+
+def _set_text(path: str, data: dict, text: str) -> dict:
+    data = json.loads(json.dumps(data))
+    if path == "/v1/chat/completions":
+        data["choices"][0]["delta"]["content"] = text
+    elif path == "/v1/messages":
+        data["delta"]["text"] = text
+    else:
+        data["delta"] = text
+    return data
+
+
+def _event(ev: dict, data: dict | None) -> bytes:
+    head = f"event: {ev['event']}\n" if ev.get("event") else ""
+    return f"{head}data: {'[DONE]' if data is None else json.dumps(data)}\n\n".encode()
+
+
+def client_for(path: str, raw: bytes, content_type: str = "text/event-stream"):
+    """The official client of `path`'s API, answered `raw` through a mock transport (no socket)."""
+    import anthropic
+    import httpx
+    import openai
+
+    def client_of(lib):  # the anthropic SDK ships its own httpx fork (httpx2)
+        def serve(request):
+            return lib.Response(200, content=raw, headers={"content-type": content_type})
+        return lib.Client(transport=lib.MockTransport(serve))
+    if path == "/v1/messages":
+        import httpx2
+        return anthropic.Anthropic(base_url="http://daemon", api_key="x", http_client=client_of(httpx2))
+    return openai.OpenAI(base_url="http://daemon/v1", api_key="x", http_client=client_of(httpx))
+
+
+def parse_stream(path: str, raw: bytes) -> tuple[str, list[tuple[str, dict]], str | None]:
+    """(text, calls, stop reason) as the official client library reads the stream."""
+    client = client_for(path, raw)
+    hi = [{"role": "user", "content": "hi"}]
+    if path == "/v1/messages":
+        with client.messages.stream(model="m", max_tokens=8, messages=hi) as s:
+            msg = s.get_final_message()
+        text = "".join(b.text for b in msg.content if b.type == "text")
+        return text, [(b.name, b.input) for b in msg.content if b.type == "tool_use"], msg.stop_reason
+    if path == "/v1/chat/completions":
+        text, calls, finish = "", {}, None
+        for chunk in client.chat.completions.create(model="m", messages=hi, stream=True):
+            for c in chunk.choices:
+                text += c.delta.content or ""
+                finish = c.finish_reason or finish
+                for tc in c.delta.tool_calls or []:
+                    slot = calls.setdefault(tc.index, ["", ""])
+                    slot[0] += tc.function.name or ""
+                    slot[1] += tc.function.arguments or ""
+        return text, [(n, json.loads(a)) for n, a in calls.values()], finish
+    text, calls, status = "", [], None
+    for ev in client.responses.create(model="m", input="hi", stream=True):
+        if ev.type == "response.output_text.delta":
+            text += ev.delta
+        if ev.type == "response.completed":
+            status = ev.response.status
+            calls = [(o.name, json.loads(o.arguments)) for o in ev.response.output if o.type == "function_call"]
+    return text, calls, status
+
+
+@pytest.mark.parametrize("path", sorted(STREAMS))
+def test_a_streamed_near_miss_becomes_a_call_the_client_reads(path: str) -> None:
+    fired: list[str] = []
+    text = f"```json\n{CALL}\n```"
+    transform = toolrescue.rescuer(path, api_for(path), body_for(path, {"Write": WRITE}), True, fired.append)
+    out = run(transform, split_odd(with_text(path, text)))
+    got_text, calls, stop = parse_stream(path, out)
+    assert calls == [("Write", {"file_path": "hello.py", "content": "print('hello')\n"})]
+    assert got_text == "" and fired == ["Write"]
+    assert stop in ("tool_calls", "tool_use", "completed")
+
+
+@pytest.mark.parametrize("path", sorted(STREAMS))
+@pytest.mark.parametrize("text", ["Hello there, `x` is a name.", '```json\n{"name": "Write", "arguments": {}}\n```',
+                                  "```python\nprint(1)\n```"])
+def test_other_answers_stream_through_unchanged(path: str, text: str) -> None:
+    fired: list[str] = []
+    stream = with_text(path, text)
+    transform = toolrescue.rescuer(path, api_for(path), body_for(path, {"Write": WRITE}), True, fired.append)
+    out = run(transform, split_odd(stream))
+    assert out == stream and not fired
+    got_text, calls, _ = parse_stream(path, out)
+    assert got_text == text and calls == []
+
+
+def test_ordinary_text_is_released_at_its_first_character() -> None:
+    """Streaming is not delayed for a normal answer: the first chunk with prose comes out at once."""
+    path = "/v1/chat/completions"
+    stream = with_text(path, "Hello, world. " * 20)
+    transform = toolrescue.rescuer(path, "openai", body_for(path, {"Write": WRITE}), True, lambda _: None)
+    seen: list[bytes] = []
+
+    async def source():
+        for c in split_odd(stream, 64):
+            yield c
+            if len(seen) == 0 and b"Hello" in c:
+                return  # the client must already have what came so far
+
+    async def collect() -> None:
+        async for c in transform(source()):
+            seen.append(c)
+    asyncio.run(collect())
+    assert b"Hello" in b"".join(seen)
+
+
+@pytest.mark.parametrize("path", sorted(STREAMS))
+def test_a_whole_answer_becomes_a_call(path: str) -> None:
+    fired: list[str] = []
+    body = json.loads(json.dumps(STREAMS[path]["whole"]))
+    text = f"```json\n{CALL}\n```"
+    if path == "/v1/chat/completions":
+        body["choices"][0]["message"]["content"] = text
+    elif path == "/v1/messages":
+        body["content"][0]["text"] = text
+    else:
+        body["output"][0]["content"][0]["text"] = text
+    transform = toolrescue.rescuer(path, api_for(path), body_for(path, {"Write": WRITE}), False, fired.append)
+    client = client_for(path, run(transform, [json.dumps(body).encode()]), "application/json")
+    if path == "/v1/chat/completions":
+        choice = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}]).choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls[0].function.name == "Write"
+        assert json.loads(choice.message.tool_calls[0].function.arguments)["file_path"] == "hello.py"
+    elif path == "/v1/messages":
+        m = client.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+        assert m.stop_reason == "tool_use" and m.content[0].type == "tool_use"
+        assert m.content[0].input["file_path"] == "hello.py"
+    else:
+        r = client.responses.create(model="m", input="hi")
+        assert [o.type for o in r.output] == ["function_call"] and r.output[0].name == "Write"
+        assert json.loads(r.output[0].arguments)["file_path"] == "hello.py"
+    assert fired == ["Write"]
