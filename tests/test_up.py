@@ -77,10 +77,10 @@ def _gone(procs: list[psutil.Process], timeout: float = 5.0) -> bool:
     return not alive
 
 
-def test_up_default_serves_openai_api_with_speculation_and_stops_on_sigint(
+def test_up_serves_openai_api_with_speculation_and_stops_on_sigint(
         engine, gemma_gguf, env) -> None:
     port = free_port()
-    up = Up(["--port", str(port)], env)
+    up = Up(["gemma-3-270m-q4_k_m", "--port", str(port)], env)  # the small fixture (the default is the 1.5B)
     try:
         fields = up.wait_ready()
         base = fields["OpenAI base URL"]
