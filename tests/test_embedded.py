@@ -46,6 +46,7 @@ def parts_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root.mkdir()
     monkeypatch.syspath_prepend(str(root))  # (invalidates the import caches)
     monkeypatch.setenv("BOSTUDIO_MODELS_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the digests of the fake files
     return root
 
 

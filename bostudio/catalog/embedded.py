@@ -26,11 +26,13 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from bostudio import paths
+from bostudio.catalog.digest import BLOCK, record_digest, sha256_file
 from bostudio.display import human_bytes
 from bostudio.errors import ModelError
 from bostudio.files import write_atomic
 
-BLOCK = 1 << 20
+__all__ = ["EMBEDDED", "DEFAULT", "DEFAULT_NAME", "DEFAULT_SET", "EmbeddedModel", "Part", "ensure_embedded",
+           "ensure_embedded_models", "ensure_default_model", "find_part", "sha256_file"]
 
 
 @dataclass(frozen=True)
@@ -90,14 +92,6 @@ DEFAULT_SET = (QWEN_CODER_1_5B, QWEN_CODER_0_5B)
 
 Log = Callable[[str], None]
 ProgressFn = Callable[[int, int], None]  # (bytes done, bytes in all)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def find_part(part: Part) -> Path | None:
@@ -170,6 +164,7 @@ def is_verified(model: EmbeddedModel) -> bool:
 
 def _mark_verified(model: EmbeddedModel) -> None:
     write_atomic(_hidden(model, "sha256-ok"), _stamp_text(model.path()), mode=0o644)
+    record_digest(model.path(), model.sha256)  # its digest (Ollama's /api/tags) is then known without a read
 
 
 def _read_record(model: EmbeddedModel) -> list[tuple[int, str]]:
