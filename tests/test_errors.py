@@ -69,12 +69,12 @@ def test_busy_port(tmp_state: Path, gemma_gguf: Path) -> None:
 
 
 @pytest.mark.parametrize("value", ["turbo", "draft:", "ngram-mod,,x"])
-def test_unknown_spec_value(tmp_state: Path, value: str) -> None:
+def test_unknown_spec_value(tmp_state: Path, gemma_gguf: Path, value: str) -> None:
     proc = run_cli("up", GEMMA, "--spec", value, "--port", str(free_port()))
     assert_one_line_error(proc, "--spec")
 
 
-def test_missing_draft_file(tmp_state: Path) -> None:
+def test_missing_draft_file(tmp_state: Path, gemma_gguf: Path) -> None:
     proc = run_cli("up", GEMMA, "--spec", f"draft:{tmp_state / 'nodraft.gguf'}", "--port", str(free_port()))
     assert_one_line_error(proc, "nodraft.gguf")
 
