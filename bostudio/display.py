@@ -80,7 +80,8 @@ class Progress:
         elapsed = time.monotonic() - self.start
         eta = ""
         if pct >= 5 and pct < 100:  # before that, the estimate is noise
-            eta = f", about {int(elapsed * (total - done) / done / 60) + 1} min left"
+            left = elapsed * (total - done) / done
+            eta = f", about {int(left) + 1} s left" if left < 60 else f", about {int(left / 60) + 1} min left"
         line = f"{self.label}: {pct:3d}% ({self.count(done)}/{self.count(total)}) {int(elapsed)}s{eta}"
         if self.tty:
             bar = "#" * (pct // 4) + "." * (25 - pct // 4)
