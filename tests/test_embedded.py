@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
 import tomllib
 from pathlib import Path
 
@@ -185,6 +186,31 @@ def test_parts_of_another_size_are_refused_before_assembly(parts_root: Path) -> 
         ensure_embedded(model, log=lambda m: None)
     assert f"{model.size + 4:,} bytes" in err.value.message
     assert not partial_path(model).exists()
+
+
+def test_a_second_assembler_waits_for_the_first_and_finds_the_file_made(parts_root: Path) -> None:
+    """The daemon and setup.sh at once: one assembles, the other waits on the lock and does not write again."""
+    model = _fake_model(parts_root, "lock")
+    started, waiting = threading.Event(), threading.Event()
+
+    def slow(done: int, total: int) -> None:
+        started.set()
+        waiting.wait(30)
+
+    first = threading.Thread(target=ensure_embedded, args=(model,), kwargs={"log": lambda m: None, "progress": slow})
+    first.start()
+    assert started.wait(30)
+    logs: list[str] = []
+
+    def log(message: str) -> None:
+        logs.append(message)
+        if "waiting for another" in message:
+            waiting.set()
+
+    assert ensure_embedded(model, log=log) == model.path()
+    first.join(30)
+    assert any("waiting for another" in m for m in logs) and not any(m.startswith("assembling") for m in logs), logs
+    assert sha256_file(model.path()) == model.sha256
 
 
 # ---------------------------------------------------------------- the real embedded models
