@@ -245,3 +245,19 @@ def test_the_real_model_is_assembled_from_its_packages_and_its_sha256_checked(mo
     assert path.name == model.file_name and path.stat().st_size == model.size
     assert sha256_file(path) == model.sha256  # hashed here in full, not trusted from the stamp
     assert all(find_part(p) is not None for p in model.parts)
+
+
+def test_the_command_prints_the_default_and_its_draft_and_refuses_other_names() -> None:
+    import subprocess
+    import sys
+
+    for model in DEFAULT_SET:
+        ensure_embedded(model, log=print)
+    proc = subprocess.run([sys.executable, "-m", "bostudio", "default-model"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [str(m.path()) for m in DEFAULT_SET]
+    bad = subprocess.run([sys.executable, "-m", "bostudio", "default-model", "llama-7b"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 1 and "llama-7b is not an embedded model" in bad.stderr
+    assert DEFAULT_NAME in bad.stderr and "Traceback" not in bad.stderr
