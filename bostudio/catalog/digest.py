@@ -1,12 +1,15 @@
 """A file's sha256, computed once: cached under the XDG cache dir by (real path, size, mtime), so a model's
-digest (Ollama's /api/tags and /api/show) costs a stat after the first read of the file. Blocking (it may
-read gigabytes): call file_digest off the event loop."""
+digest (Ollama's /api/tags and /api/show) costs a stat after the first read of the file. A file that a
+content-addressed store names by its sha256 (Ollama's `blobs/sha256-HEX`, the Hugging Face cache's
+`blobs/HEX` of an LFS file) is not read: both stores write a blob under the digest of its content.
+Blocking (it may read gigabytes): call file_digest off the event loop."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -14,6 +17,7 @@ from bostudio import paths
 from bostudio.files import write_atomic
 
 BLOCK = 1 << 20
+_BLOB_NAME = re.compile(r"(?:sha256-)?([0-9a-f]{64})")
 _LOCK = threading.Lock()  # one writer of the cache file per process; hashing one file at a time is disk-bound
 
 
@@ -60,6 +64,9 @@ def file_digest(path: Path) -> str:
     """The sha256 (64 hex characters) of the file at `path`, from the cache while the file's size and mtime
     are unchanged, else computed and cached. A file that changes while it is read is not cached."""
     real = os.path.realpath(path)
+    named = _BLOB_NAME.fullmatch(os.path.basename(real))
+    if named and os.path.basename(os.path.dirname(real)) == "blobs":
+        return named.group(1)
     with _LOCK:
         before = os.stat(real)
         hit = _load().get(real)
