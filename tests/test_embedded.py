@@ -261,3 +261,18 @@ def test_the_command_prints_the_default_and_its_draft_and_refuses_other_names() 
                          text=True, timeout=60)
     assert bad.returncode == 1 and "llama-7b is not an embedded model" in bad.stderr
     assert DEFAULT_NAME in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_write_that_fails_midway_is_a_clear_error_and_resumes_later(parts_root: Path) -> None:
+    model = _fake_model(parts_root, "enospc")
+
+    def full(done: int, total: int) -> None:
+        if done > int(1.5 * PART_SIZE):
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(ModelError) as err:
+        ensure_embedded(model, log=lambda m: None, progress=full)
+    assert "No space left on device" in err.value.message and "run it again" in (err.value.hint or "")
+    seen: list[int] = []
+    ensure_embedded(model, log=lambda m: None, progress=lambda d, t: seen.append(d))
+    assert seen[0] == PART_SIZE and sha256_file(model.path()) == model.sha256

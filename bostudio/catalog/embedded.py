@@ -334,7 +334,12 @@ def ensure_embedded(model: EmbeddedModel, log: Log = print, progress: ProgressFn
         files = part_files(model, find)
         check_disk_space([model], free)
         log(f"assembling {model.title} into {target} ({human_bytes(model.size)}) ...")
-        _assemble(model, files, log, progress)
+        try:
+            _assemble(model, files, log, progress)
+        except OSError as exc:  # the disk filled up after all, or the directory went away
+            raise ModelError(f"assembling {model.file_name} in {target.parent} failed: {exc.strerror or exc}",
+                             "free some space there (or point BOSTUDIO_MODELS_DIR elsewhere) and run it again: "
+                             "it goes on from the parts already written") from exc
         _mark_verified(model)
     return target
 
