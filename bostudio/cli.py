@@ -441,10 +441,10 @@ def _print_pairing_table(as_json: bool) -> int:
 def cmd_up_daemon(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from bostudio.catalog.embedded import DEFAULT_NAME
     from bostudio.daemon import DEFAULT_PORT
     from bostudio.daemon.client import DaemonClient
     from bostudio.daemon.service import DaemonOptions, start_background
-    from bostudio.catalog.embedded import DEFAULT_NAME
     from bostudio.display import escape_untrusted
 
     extra = ["--engine", args.engine] if args.engine else []
