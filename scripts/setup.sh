@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up what is missing, idempotently: the venv, the package and its dependencies, the llama.cpp
-# engine built from the pinned source (cached), and the embedded default model in models/.
+# engine built from the pinned source (cached), and the embedded models in models/ (the default,
+# Qwen2.5-Coder-1.5B-Instruct, and its draft, the 0.5B: about 1.6 GB, assembled once and sha256-checked).
 # Sourced by scripts/up.sh and scripts/test.sh; BOSTUDIO_VENV overrides the venv location.
 set -euo pipefail
 
@@ -48,4 +49,4 @@ fi
 
 BOSTUDIO="$VENV/bin/bostudio"
 "$BOSTUDIO" engine build --backend "${BOSTUDIO_BACKEND:-auto}" >/dev/null
-"$BOSTUDIO" default-model >/dev/null
+"$BOSTUDIO" default-model >/dev/null  # both files; progress on stderr

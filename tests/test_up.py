@@ -1,4 +1,5 @@
-"""`bostudio up` end to end: the real CLI launching the real llama-server on the real Gemma model."""
+"""`bostudio up` end to end: the real CLI launching the real llama-server on real models: the default
+(Qwen2.5-Coder-1.5B-Instruct) answers a question; the small Gemma serves the tests that need speed."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 from tests.netutil import free_port, port_is_free
 
-READY_TIMEOUT_S = 120
+READY_TIMEOUT_S = 300  # a hang guard: the 1.5B loads and plans in well under a minute on a quiet 2-core machine
 
 
 class Up:
@@ -77,10 +78,10 @@ def _gone(procs: list[psutil.Process], timeout: float = 5.0) -> bool:
     return not alive
 
 
-def test_up_default_serves_openai_api_with_speculation_and_stops_on_sigint(
+def test_up_serves_openai_api_with_speculation_and_stops_on_sigint(
         engine, gemma_gguf, env) -> None:
     port = free_port()
-    up = Up(["--port", str(port)], env)
+    up = Up(["gemma-3-270m-q4_k_m", "--port", str(port)], env)  # the small fixture (the default is the 1.5B)
     try:
         fields = up.wait_ready()
         base = fields["OpenAI base URL"]
@@ -120,6 +121,33 @@ def test_up_default_serves_openai_api_with_speculation_and_stops_on_sigint(
         rc, err = up.stop(signal.SIGINT)
     assert rc == 0, err
     assert "Traceback" not in err
+    assert _gone(servers)
+    assert port_is_free(port)
+
+
+def test_up_without_a_model_serves_the_default_and_it_answers(engine, qwen_gguf, env) -> None:
+    """A new user's `scripts/up.sh`: no model named, the instruction-tuned default answers a chat request with
+    an answer (it ends its turn), asked through the official openai client."""
+    import openai
+
+    from bostudio.catalog.embedded import DEFAULT_NAME
+
+    port = free_port()
+    up = Up(["--port", str(port)], env)
+    try:
+        fields = up.wait_ready()
+        assert fields["model"] == DEFAULT_NAME
+        servers = up.servers()
+        client = openai.OpenAI(base_url=fields["OpenAI base URL"], api_key="unused", max_retries=0, timeout=300)
+        r = client.chat.completions.create(
+            model=DEFAULT_NAME, max_tokens=32, temperature=0,
+            messages=[{"role": "user", "content": "What is the capital of France? Answer with one word."}])
+        choice = r.choices[0]
+        assert choice.finish_reason == "stop", choice
+        assert choice.message.role == "assistant" and choice.message.content and choice.message.content.strip()
+    finally:
+        rc, err = up.stop(signal.SIGINT)
+    assert rc == 0, err
     assert _gone(servers)
     assert port_is_free(port)
 

@@ -10,10 +10,11 @@ from pathlib import Path
 
 from bostudio import paths
 from bostudio.agents import AgentConfig, AgentTarget, configure, max_output_for
+from bostudio.catalog.embedded import DEFAULT_NAME
 from bostudio.errors import BostudioError
 from bostudio.files import write_atomic
 
-DEFAULT_MODEL = "gemma-3-270m-q4_k_m"
+DEFAULT_MODEL = DEFAULT_NAME  # the embedded default (bostudio.catalog.embedded)
 
 
 def agent_config_dir() -> Path:

@@ -20,7 +20,7 @@ from typing import Callable
 from urllib.parse import quote
 
 from bostudio import paths
-from bostudio.catalog.embedded import sha256_file
+from bostudio.catalog.digest import sha256_file
 from bostudio.catalog.hubfiles import RemoteFile, parse_ref, select_files
 from bostudio.errors import ModelError
 from bostudio.files import write_atomic

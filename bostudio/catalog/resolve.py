@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from bostudio.catalog.embedded import DEFAULT_NAME, ensure_default_model
+from bostudio.catalog.embedded import DEFAULT, EMBEDDED, ensure_embedded
 from bostudio.catalog.index import resolve_name
 from bostudio.errors import ModelError
 
@@ -26,9 +26,12 @@ def missing_file(arg: str) -> ModelError:
 
 
 def resolve_model(arg: str | None, log: Callable[[str], None] = print) -> Path:
-    """None → the embedded default; an existing path → itself; else a name from the catalog."""
-    if arg is None or arg == DEFAULT_NAME:
-        return ensure_default_model(log=log)
+    """None → the embedded default; an embedded model's name → it, assembled if needed; an existing path →
+    itself; else a name from the catalog."""
+    if arg is None:
+        return ensure_embedded(DEFAULT, log=log)
+    if arg in EMBEDDED:
+        return ensure_embedded(EMBEDDED[arg], log=log)
     p = Path(arg).expanduser()
     if p.is_file():
         return p

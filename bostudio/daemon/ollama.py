@@ -23,7 +23,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from bostudio.daemon.capabilities import model_caps
+from bostudio.catalog.digest import file_digest
+from bostudio.daemon.capabilities import ModelCaps, model_caps
 from bostudio.daemon.router import Reject, Router, api_error
 from bostudio.daemon.supervisor import RESIDENT_STATES, Supervisor
 from bostudio.errors import BostudioError, ModelError
@@ -180,14 +181,43 @@ def _details(path: Path) -> dict:
                 "quantization_level": ""}
 
 
+def _digest(path: Path) -> str:
+    """The file's sha256, as Ollama clients expect a digest (64 hex characters): computed once, then cached by
+    path, size and mtime (catalog.digest). Blocking: called in a worker thread."""
+    try:
+        return file_digest(path)
+    except OSError:
+        return ""
+
+
 def _entry(name: str, path: Path) -> dict:
+    """A model as /api/tags and /api/ps list it. Blocking (stat, header, digest): call it in a worker."""
     try:
         st = path.stat()
         size, modified = st.st_size, datetime.fromtimestamp(st.st_mtime, timezone.utc).isoformat()
     except OSError:
         size, modified = 0, now_iso()
     return {"name": name, "model": name, "modified_at": modified, "size": size,
-            "digest": f"{size:x}-{name}", "details": _details(path)}
+            "digest": _digest(path), "details": _details(path)}
+
+
+def capabilities(caps: ModelCaps) -> list[str]:
+    """What /api/show says a model can do, in Ollama's words: `tools` when the template it is served with
+    renders tools (llama-server then parses the calls), `insert` with fill-in-the-middle tokens."""
+    if caps.kind == "chat":
+        return ["completion"] + (["tools"] if caps.template.renders_tools else []) + (["insert"] if caps.fim else [])
+    return {"embedding": ["embedding"], "rerank": []}[caps.kind]
+
+
+def served_template(caps: ModelCaps, own: str | None) -> str:
+    """The chat template a client is shown: bostudio's shipped one when it serves the model, else the GGUF's.
+    Blocking (reads the shipped file)."""
+    if caps.template.source == "shipped" and caps.template.file is not None:
+        try:
+            return caps.template.file.read_text()
+        except OSError:
+            pass
+    return own or ""
 
 
 def _model_routes(api: APIRouter, sup: Supervisor, router: Router) -> None:
@@ -205,13 +235,11 @@ def _model_routes(api: APIRouter, sup: Supervisor, router: Router) -> None:
 
     @api.get("/api/ps", tags=["ollama"], summary="Ollama: the loaded models")
     async def ps() -> dict:
-        out = []
-        for inst in sup.instances.values():
-            if inst.state in RESIDENT_STATES:
-                e = _entry(inst.name, inst.cfg.path)
-                e.update(size=int(inst.plan.get("bytes", e["size"])), size_vram=0, expires_at=None)
-                out.append(e)
-        return {"models": out}
+        resident = [inst for inst in sup.instances.values() if inst.state in RESIDENT_STATES]
+        entries = await asyncio.to_thread(lambda: [_entry(inst.name, inst.cfg.path) for inst in resident])
+        for inst, e in zip(resident, entries):
+            e.update(size=int(inst.plan.get("bytes", e["size"])), size_vram=0, expires_at=None)
+        return {"models": entries}
 
     @api.post("/api/show", tags=["ollama"], summary="Ollama: one model's details")
     async def show(request: Request) -> Response:
@@ -225,16 +253,16 @@ def _model_routes(api: APIRouter, sup: Supervisor, router: Router) -> None:
 
             mi = await asyncio.to_thread(describe, path)
             caps = await asyncio.to_thread(model_caps, path)
+            template = await asyncio.to_thread(served_template, caps, mi.chat_template)
+            entry = await asyncio.to_thread(_entry, name, path)
         except Reject as r:
             return r.response
         except BostudioError as exc:
             return api_error("ollama", 400, exc.message, "invalid_request_error", exc.hint)
-        capabilities = {"chat": ["completion"] + (["insert"] if caps.fim else []),
-                        "embedding": ["embedding"], "rerank": []}[caps.kind]
         # The template is a string shown to a client, never rendered here.
-        return JSONResponse({"modelfile": f"FROM {path.name}\n", "parameters": "", "template": mi.chat_template or "",
-                             "details": _details(path), "capabilities": capabilities,
-                             "modified_at": _entry(name, path)["modified_at"],
+        return JSONResponse({"modelfile": f"FROM {path.name}\n", "parameters": "", "template": template,
+                             "details": entry["details"], "capabilities": capabilities(caps),
+                             "modified_at": entry["modified_at"], "digest": entry["digest"],
                              "model_info": {"general.architecture": mi.architecture,
                                             "general.parameter_count": mi.n_params,
                                             f"{mi.architecture}.context_length": mi.n_ctx_train,

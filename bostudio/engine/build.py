@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from bostudio import paths
+from bostudio.display import Progress
 from bostudio.engine.source import LlamaSource, ensure_source
 from bostudio.errors import BuildError
 from bostudio.files import write_atomic
@@ -219,37 +220,6 @@ _PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")  # ninja
 _PROGRESS_MAKE = re.compile(r"^\[\s*(\d+)%\]")  # make
 
 
-class Progress:
-    """A progress line on a terminal, a line every 5% elsewhere (logs, CI)."""
-
-    def __init__(self, out=sys.stderr) -> None:
-        self.out = out
-        self.tty = out.isatty()
-        self.last_pct = -5
-        self.start = time.monotonic()
-
-    def update(self, done: int, total: int, what: str) -> None:
-        pct = int(100 * done / max(total, 1))
-        elapsed = time.monotonic() - self.start
-        eta = ""
-        if pct >= 5 and pct < 100:  # before that, the estimate is noise
-            eta = f", about {int(elapsed * (total - done) / done / 60) + 1} min left"
-        line = f"building llama.cpp: {pct:3d}% ({done}/{total}) {int(elapsed)}s{eta}"
-        if self.tty:
-            bar = "#" * (pct // 4) + "." * (25 - pct // 4)
-            self.out.write(f"\r[{bar}] {line} {what[:30]:30s}")
-            self.out.flush()
-        elif pct >= self.last_pct + 5 or done == total:
-            self.last_pct = pct
-            self.out.write(line + "\n")
-            self.out.flush()
-
-    def finish(self) -> None:
-        if self.tty:
-            self.out.write("\n")
-            self.out.flush()
-
-
 def portable_requested(env: dict[str, str] | None = None) -> bool:
     """Whether $BOSTUDIO_ENGINE_PORTABLE asks for the portable variant (1/yes/true/on)."""
     value = (os.environ if env is None else env).get(PORTABLE_ENV, "")
@@ -308,7 +278,7 @@ def build_engine(backend: str = "cpu", jobs: int | None = None, source: LlamaSou
                              f"{_last_error(log_path)}", f"see the full log: {log_path}")
         logf.write("$ " + " ".join(compile_cmd) + "\n")
         logf.flush()
-        progress = Progress()
+        progress = Progress("building llama.cpp")
         with subprocess.Popen(compile_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               env=env, text=True, bufsize=1) as p:
             assert p.stdout is not None
