@@ -119,6 +119,10 @@ def claude_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
         "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(target.ctx),
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(target.max_output),
         "API_TIMEOUT_MS": str(LOCAL_TIMEOUT_MS),
+        # no response headers come before the prompt is processed: Claude Code gave up on its first request
+        # after 20 min of a busy CPU's prefill (10 tok/s) and sent it again; the stream's own idle limit too
+        "CLAUDE_STREAM_FIRST_BYTE_TIMEOUT_MS": str(LOCAL_TIMEOUT_MS),
+        "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(LOCAL_TIMEOUT_MS),
     }
     if target.ctx >= 100_000:  # Claude Code reads a smaller auto-compact window as its 100k minimum (2.1)
         env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] = str(target.ctx)
