@@ -11,7 +11,6 @@ minutes on a loaded 2-core machine; the hang guards are 15 minutes."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -23,13 +22,13 @@ import ollama
 import openai
 import pytest
 
+from tests import agent_util
+from tests.agent_util import agent_env
 from tests.daemon_util import DaemonProc
 from tests.gguf_factory import tiny_llama
 
 GEMMA = "gemma-3-270m-q4_k_m"
 NO_TOOLS = "tiny-no-tools"
-ROOT = Path(__file__).resolve().parent.parent
-AGENT_BIN = ROOT / ".agents" / "node_modules" / ".bin"
 HANG_GUARD_S = 900
 MAX_OUTPUT = 200
 PROMPT_EVAL = re.compile(r"prompt eval time =\s*[\d.]+ ms /\s*(\d+) tokens")
@@ -54,28 +53,9 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, engine, gemma_gguf: Path):
 
 
 def launch_print(daemon: DaemonProc, agent: str) -> dict:
-    """`bostudio launch AGENT --print --json` against the test's daemon (found through its state file)."""
     # A base model rarely ends its turn: a small output limit keeps each run to its prompt's prefill.
     # Gemma named: the small fixture, not the default (the larger Qwen2.5-Coder-1.5B).
-    out = subprocess.run([sys.executable, "-m", "bostudio", "launch", agent, GEMMA, "--print", "--json",
-                          "--max-output", str(MAX_OUTPUT)],
-                         env=daemon.env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
-def agent_env(daemon: DaemonProc, cfg: dict, home: Path) -> dict[str, str]:
-    """A fresh HOME, the agents' bin dir on PATH, the launcher's environment and files, nothing else."""
-    home.mkdir(parents=True, exist_ok=True)
-    for path, content in cfg["files"].items():
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(content)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CODEX_", "OPENCODE"))}
-    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), XDG_DATA_HOME=str(home / ".local/share"),
-               XDG_CACHE_HOME=str(home / ".cache"), XDG_STATE_HOME=str(home / ".local/state"),
-               PATH=f"{AGENT_BIN}:{env.get('PATH', '')}", IS_SANDBOX="1", CI="1", NO_COLOR="1")
-    env.update(cfg["env"])
-    return env
+    return agent_util.launch_print(daemon, agent, GEMMA, "--max-output", str(MAX_OUTPUT))
 
 
 def child_log(daemon: DaemonProc) -> str:
@@ -98,7 +78,7 @@ def run_agent(daemon: DaemonProc, agent: str, argv: list[str], home: Path,
     errors = daemon.instance(GEMMA)["stats"]["errors"]
     work = home / "work"
     work.mkdir(parents=True, exist_ok=True)
-    out = subprocess.run([cfg["binary"], *argv], env=agent_env(daemon, cfg, home), cwd=work, capture_output=True,
+    out = subprocess.run([cfg["binary"], *argv], env=agent_env(cfg, home), cwd=work, capture_output=True,
                          text=True, timeout=HANG_GUARD_S, stdin=subprocess.DEVNULL)
     log = child_log(daemon)
     # The daemon may relaunch the child at an idle moment (auto's acceptance check), and the new child's log
