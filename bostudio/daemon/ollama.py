@@ -264,8 +264,8 @@ def _generate_routes(api: APIRouter, sup: Supervisor, router: Router) -> None:
                     raise Reject(error_response(exc, "ollama"))
                 return JSONResponse({"model": name, "created_at": now_iso(), "response": "", "done": True,
                                      "done_reason": "load"})
-            inst, upstream = await router.open(name, path, json.dumps(translated).encode(), "ollama", translated,
-                                               request)
+            raw, translated = await router.prepare(name, path, translated, "ollama")  # bounded, output limited
+            inst, upstream = await router.open(name, path, raw, "ollama", translated, request)
         except Reject as r:
             return r.response
         streaming = translated["stream"]
@@ -360,8 +360,10 @@ def _embed_routes(api: APIRouter, router: Router) -> None:
                                        "invalid_request_error"))
             translated = {"model": body.get("model"), "input": inputs}
             name = await router.admit(translated, "/v1/embeddings", "ollama")
-            inst, upstream = await router.open(name, "/v1/embeddings", json.dumps(translated).encode(), "ollama",
-                                               request)
+            raw, translated = await router.prepare(name, "/v1/embeddings", translated, "ollama")
+            # (`request` by keyword: passed as the fifth argument it was taken for the body, and a
+            # client that hung up was never cancelled upstream.)
+            inst, upstream = await router.open(name, "/v1/embeddings", raw, "ollama", translated, request=request)
         except Reject as r:
             return r.response
 
