@@ -332,6 +332,32 @@ def test_requests_abandoned_while_a_model_loads_are_dropped(daemon: DaemonProc) 
     assert inst["stats"]["requests"] == 0 and inst["active_requests"] == 0
 
 
+def test_an_ollama_embed_abandoned_while_its_model_loads_is_dropped(daemon: DaemonProc, fake_root: Path) -> None:
+    from tests.test_daemon_api_faults import tiny_embedder
+
+    # /api/embed passed the client's request where Router.open takes the body: a hang-up cancelled nothing.
+    tiny_embedder(fake_root / "models" / "fake-progress-embed.gguf")  # the fake loads for 3 s
+    model = "fake-progress-embed"
+    body = json.dumps({"model": model, "input": "x"}).encode()
+    socks = []
+    for _ in range(3):
+        s = connect(daemon)
+        s.sendall(request_head("/api/embed", daemon.port, "Content-Type: application/json\r\n"
+                                                      f"Content-Length: {len(body)}\r\n\r\n") + body)
+        socks.append(s)
+    deadline = time.monotonic() + GUARD_S
+    while daemon.instance(model).get("state") != "loading" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert daemon.instance(model)["state"] == "loading"
+    for s in socks:
+        s.close()
+    while daemon.instance(model)["state"] != "ready" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    # The waiters resume on the daemon's one event loop before it answers this poll: none went on.
+    inst = daemon.instance(model)
+    assert inst["state"] == "ready" and inst["stats"]["requests"] == 0 and inst["active_requests"] == 0
+
+
 # ------------------------------------------------------------------ the real llama-server: hang-ups, the prompt store
 
 GEMMA = "gemma-3-270m-q4_k_m"
