@@ -190,3 +190,42 @@ def test_a_request_that_kills_its_child_harms_only_itself(daemon: DaemonProc, ro
     sent = forwarded(root)
     for i in range(killers):  # each killing request reached a child once: never sent again
         assert sum(f"{KILL_WORD} {i}" in json.dumps(s["body"]) for s in sent) == 1, i
+
+
+# ------------------------------------------------------------------ the real llama-server, through a real client
+
+GEMMA = "gemma-3-270m-q4_k_m"
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory, engine, gemma_gguf: Path):
+    root = tmp_path_factory.mktemp("fields-real")
+    (root / "models").mkdir()
+    (root / "models" / gemma_gguf.name).symlink_to(gemma_gguf)
+    d = DaemonProc(root, root / "models", ["--idle-ttl", "0", "--no-prompt-reuse"])
+    d.start()
+    with d.http(600) as http:
+        assert http.post("/bostudio/instances", json={"model": GEMMA, "ctx": 2048, "spec": "off"}).status_code == 200
+    yield d
+    assert d.stop() == 0
+    assert not d.children()
+
+
+def test_llama_servers_own_fields_never_reach_the_real_child(real: DaemonProc) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=real.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    # `verbose` is one of llama-server's internal fields: a child that reads it adds `__verbose` (its
+    # whole internal view of the request) to the answer. `n_probs` is the native name of chat's
+    # top_logprobs. Both are dropped; the sampling extensions users send on purpose still apply.
+    extra = {"verbose": True, "n_probs": 2, "top_k": 1, "min_p": 0.0}
+    chat = client.chat.completions.create(model=GEMMA, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                          extra_body=extra)
+    assert chat.choices[0].message.content is not None and "__verbose" not in (chat.model_extra or {})
+    assert chat.choices[0].logprobs is None
+    text = client.completions.create(model=GEMMA, prompt="Hi", max_tokens=2, extra_body=extra)
+    assert isinstance(text.choices[0].text, str) and "__verbose" not in (text.model_extra or {})
+    # The alias llama-server reads as n_probs is capped as n_probs is: 1000 returned 1001 per token.
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.completions.create(model=GEMMA, prompt="Hi", max_tokens=2, logprobs=1000)
+    assert real.instance(GEMMA)["loads"] == 1
