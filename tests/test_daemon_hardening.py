@@ -309,26 +309,33 @@ def test_request_guards_close_the_small_gaps(daemon: DaemonProc) -> None:
 
 # ------------------------------------------------------------------ hang-ups while a model loads
 
-def test_requests_abandoned_while_a_model_loads_are_dropped(daemon: DaemonProc) -> None:
-    body = json.dumps({"model": "fake-progress", "prompt": "x", "max_tokens": 4}).encode()
+def abandon_while_loading(d: DaemonProc, route: str, body: dict, clients: int) -> dict:
+    """`clients` send `body` to `route` and hang up while its model loads; the instance once ready."""
+    model = body["model"]
+    raw = json.dumps(body).encode()
     socks = []
-    for _ in range(5):
-        s = connect(daemon)
-        s.sendall(request_head("/v1/completions", daemon.port, "Content-Type: application/json\r\n"
-                                                           f"Content-Length: {len(body)}\r\n\r\n") + body)
+    for _ in range(clients):
+        s = connect(d)
+        s.sendall(request_head(route, d.port, "Content-Type: application/json\r\n"
+                                              f"Content-Length: {len(raw)}\r\n\r\n") + raw)
         socks.append(s)
     deadline = time.monotonic() + GUARD_S
-    while daemon.instance("fake-progress").get("state") != "loading" and time.monotonic() < deadline:
+    while d.instance(model).get("state") != "loading" and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert daemon.instance("fake-progress")["state"] == "loading"
+    assert d.instance(model)["state"] == "loading"
     for s in socks:
         s.close()  # every client gives up while the model loads (the fake loads for 3 s)
-    while daemon.instance("fake-progress")["state"] != "ready" and time.monotonic() < deadline:
+    while d.instance(model)["state"] != "ready" and time.monotonic() < deadline:
         time.sleep(0.1)
-    inst = daemon.instance("fake-progress")
+    inst = d.instance(model)
     assert inst["state"] == "ready"
     time.sleep(1.0)  # (not a measure: would a dropped request still arrive, it would have by now)
-    inst = daemon.instance("fake-progress")
+    return d.instance(model)
+
+
+def test_requests_abandoned_while_a_model_loads_are_dropped(daemon: DaemonProc) -> None:
+    inst = abandon_while_loading(daemon, "/v1/completions", {"model": "fake-progress", "prompt": "x",
+                                                             "max_tokens": 4}, 5)
     assert inst["stats"]["requests"] == 0 and inst["active_requests"] == 0
 
 
@@ -336,26 +343,9 @@ def test_an_ollama_embed_abandoned_while_its_model_loads_is_dropped(daemon: Daem
     from tests.test_daemon_api_faults import tiny_embedder
 
     # /api/embed passed the client's request where Router.open takes the body: a hang-up cancelled nothing.
-    tiny_embedder(fake_root / "models" / "fake-progress-embed.gguf")  # the fake loads for 3 s
-    model = "fake-progress-embed"
-    body = json.dumps({"model": model, "input": "x"}).encode()
-    socks = []
-    for _ in range(3):
-        s = connect(daemon)
-        s.sendall(request_head("/api/embed", daemon.port, "Content-Type: application/json\r\n"
-                                                      f"Content-Length: {len(body)}\r\n\r\n") + body)
-        socks.append(s)
-    deadline = time.monotonic() + GUARD_S
-    while daemon.instance(model).get("state") != "loading" and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert daemon.instance(model)["state"] == "loading"
-    for s in socks:
-        s.close()
-    while daemon.instance(model)["state"] != "ready" and time.monotonic() < deadline:
-        time.sleep(0.1)
-    # The waiters resume on the daemon's one event loop before it answers this poll: none went on.
-    inst = daemon.instance(model)
-    assert inst["state"] == "ready" and inst["stats"]["requests"] == 0 and inst["active_requests"] == 0
+    tiny_embedder(fake_root / "models" / "fake-progress-embed.gguf")  # "progress": the fake loads for 3 s
+    inst = abandon_while_loading(daemon, "/api/embed", {"model": "fake-progress-embed", "input": "x"}, 3)
+    assert inst["stats"]["requests"] == 0 and inst["active_requests"] == 0
 
 
 # ------------------------------------------------------------------ the real llama-server: hang-ups, the prompt store
