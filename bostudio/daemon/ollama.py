@@ -8,7 +8,9 @@ temperature, top_p, top_k, min_p, typical_p, seed, num_predict, stop, repeat_pen
 presence_penalty, frequency_penalty. Ignored (the daemon plans them per model): keep_alive and the
 load-time options num_ctx, num_gpu, num_thread, num_batch, main_gpu, use_mmap, use_mlock, numa,
 low_vram. Refused with 400: template (chat templates are rendered only by llama-server), context
-(the deprecated token context), images and suffix (not supported through this API)."""
+(the deprecated token context), images and suffix (not supported through this API). Nothing else is
+read: the translated body then passes the chat or completions allow-list and gets an output limit when
+it has no num_predict (Router.prepare)."""
 
 from __future__ import annotations
 
