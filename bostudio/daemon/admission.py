@@ -112,8 +112,8 @@ def output_budget(body: dict) -> int | None:
 async def count_prompt(http: httpx.AsyncClient, path: str, raw: bytes, body: dict) -> int | None:
     """The prompt tokens of a request to `path` as the child counts them (its chat template and
     tokenizer), or None when the route has no count or the child could not count it (then
-    llama-server answers the request itself). A broken connection (httpx.TransportError) is raised:
-    the child may have died of this request."""
+    llama-server answers the request itself). A broken connection (httpx.TransportError other than a
+    timeout) is raised: the child may have died of this request."""
     try:
         if path in COUNT_ROUTES:
             r = await http.post(COUNT_ROUTES[path], content=raw, headers={"Content-Type": "application/json"},
@@ -123,6 +123,8 @@ async def count_prompt(http: httpx.AsyncClient, path: str, raw: bytes, body: dic
             r = await http.post("/tokenize", json={"content": body["prompt"], "add_special": True},
                                 timeout=COUNT_TIMEOUT)
             return len(r.json()["tokens"]) if r.status_code == 200 else None
+    except httpx.TimeoutException:
+        return None  # a busy child: the request goes on without a count, as before
     except httpx.TransportError:
         raise
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
