@@ -648,3 +648,25 @@ def test_the_suite_reads_nothing_of_the_users_own_dirs() -> None:
         assert d.is_relative_to(run), d
     # ... apart from the engine build, shared with the user's cache.
     assert paths.engines_dir().is_symlink()
+
+
+def test_saved_prompt_states_are_owner_only(tmp_path: Path) -> None:
+    from bostudio.daemon.slots import SlotStore, state_key
+    from bostudio.runtime.process import ServerProcess
+
+    # What a child llama-server writes (the slot files it saves: the prompts) is created under umask 077.
+    child = ServerProcess(["/bin/sh", "-c", f"echo prompt > {tmp_path / 'slot0'}"], 1, tmp_path / "child.log")
+    child.start()
+    assert child.proc is not None and child.proc.wait(GUARD_S) == 0
+    assert ((tmp_path / "slot0").stat().st_mode & 0o777) == 0o600
+    # The store's own sidecar, rewritten over a world-readable one, is 0600 too.
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    store = SlotStore(tmp_path / "store", 1 << 30)
+    store.ensure()
+    key = state_key(model, "abc", 4096)
+    store.record(key, {0: {"tokens": 100, "bytes": 10}})
+    sidecar = store.root / f"{key.digest}.json"
+    sidecar.chmod(0o644)
+    store.record(key, {1: {"tokens": 200, "bytes": 10}})
+    assert (sidecar.stat().st_mode & 0o777) == 0o600
