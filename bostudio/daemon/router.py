@@ -258,7 +258,11 @@ class Router:
                 inst.stats.errors += 1
                 log.warning("%s: upstream %s failed (attempt %d): %r", inst.name, path, attempt, exc)
                 reached = not isinstance(exc, httpx.ConnectError)  # the child had (part of) the request
-                exited = await self.sup.confirm_exited(inst)
+                try:
+                    exited = await self.sup.confirm_exited(inst)
+                except BaseException:  # cancelled meanwhile (the client hung up)
+                    self._ended(inst, launch, died=reached)
+                    raise
                 if reached and exited:
                     # It died with this request in it: sent again, a request that crashes a model would
                     # crash the relaunched child too. Answered, not retried; counted as died with the launch.
