@@ -131,8 +131,8 @@ class Router:
         self.idle_timeout = stream_idle_timeout
         self.max_body = max_body
         self.queue_timeout = queue_timeout
-        # id(upstream) -> (its instance, its KV reservation, the launch it runs on, whether it broke)
-        self._held: dict[int, tuple[Instance, int, int, bool]] = {}
+        # id(upstream) -> (its instance, its KV reservation, the launch it runs on)
+        self._held: dict[int, tuple[Instance, int, int]] = {}
 
     def context_of(self, name: str) -> int:
         """The context `name` runs (or will run) with: the running child's, else its config's, else the
@@ -239,6 +239,10 @@ class Router:
             # request (the supervisor does not count such a death toward the crash loop).
             launch = inst.loads
             inst.in_flight[launch] = inst.in_flight.get(launch, 0) + 1
+            # A child already dead or dying (its exit not yet noticed; a request on it already broke) can
+            # take nothing: a request that fails on it, even on a connection its dying socket still took,
+            # reached nothing and is retried.
+            alive = inst.proc is not None and inst.proc.alive() and not inst.died_with.get(launch)
             tokens = 0
             active = False
             try:
@@ -249,7 +253,7 @@ class Router:
                 if inst.http is None or inst.port is None:
                     raise httpx.ConnectError("instance is not ready")
                 upstream = await passthrough.post("127.0.0.1", inst.port, path, raw, inst.api_key)
-                self._held[id(upstream)] = (inst, tokens, launch, False)
+                self._held[id(upstream)] = (inst, tokens, launch)
                 return inst, upstream
             except httpx.HTTPError as exc:
                 if active:
@@ -257,7 +261,7 @@ class Router:
                 inst.admission.release(tokens)
                 inst.stats.errors += 1
                 log.warning("%s: upstream %s failed (attempt %d): %r", inst.name, path, attempt, exc)
-                reached = not isinstance(exc, httpx.ConnectError)  # the child had (part of) the request
+                reached = alive and not isinstance(exc, httpx.ConnectError)  # the child had (part of) it
                 try:
                     exited = await self.sup.confirm_exited(inst)
                 except BaseException:  # cancelled meanwhile (the client hung up)
@@ -272,8 +276,8 @@ class Router:
                                            "the model is relaunched for the other requests; check the request "
                                            "before sending it again"))
                 self._ended(inst, launch)
-                # Not connected to a child that then proved dead: nothing was served; wait for the
-                # relaunch and retry once.
+                # Not connected to a child that proved dead, or it was dead before: nothing was served;
+                # wait for the relaunch and retry once.
                 if attempt == 1 and not reached and exited:
                     continue
                 raise Reject(api_error(api, 502, f"llama-server for {inst.name} failed: {exc!r}", "server_error",
@@ -331,16 +335,16 @@ class Router:
         inst.last_used = time.monotonic()
         held = self._held.pop(id(upstream), None) if upstream is not None else None
         if held is not None:
-            owner, tokens, launch, broke = held
+            owner, tokens, launch = held
             owner.admission.release(tokens)
-            self._ended(owner, launch, died=broke)
+            self._ended(owner, launch)
 
-    def broke(self, upstream: passthrough.UpstreamResponse) -> None:
-        """`upstream`'s connection broke mid-response: when released, its request counts as one that
-        died with its launch (if the child died of it, the supervisor sees it)."""
+    def broke(self, inst: Instance, upstream: passthrough.UpstreamResponse) -> None:
+        """`upstream`'s connection broke mid-response: its request counts as one that died with its
+        launch (if the child died of it, the supervisor sees it), from now on, before the client hears."""
         held = self._held.get(id(upstream))
         if held is not None:
-            self._held[id(upstream)] = (held[0], held[1], held[2], True)
+            inst.died_with[held[2]] = inst.died_with.get(held[2], 0) + 1
 
     async def chunks(self, inst: Instance, upstream: passthrough.UpstreamResponse) -> AsyncIterator[bytes]:
         """The upstream body as it arrives; a body silent for longer than the idle timeout raises
@@ -448,7 +452,7 @@ class Router:
                 # The child died or stalled mid-response: tell a streaming client at once, in-band.
                 inst.stats.errors += 1
                 if not isinstance(exc, httpx.TimeoutException):
-                    self.broke(upstream)
+                    self.broke(inst, upstream)
                 log.warning("%s: response failed mid-stream: %s", inst.name, exc)
                 if streaming:
                     yield in_band_error(api, f"llama-server for {inst.name} failed mid-stream: {exc}")
