@@ -136,6 +136,12 @@ def test_every_route_has_an_allow_list_without_internal_fields() -> None:
     with pytest.raises(RequestError, match="from 0 to 1"):
         allowed_body("/v1/completions", {"top_p": float("inf")})
     assert allowed_body("/v1/completions", {"top_k": None}) == ({}, [])  # null is "not given"
+    # Each embeddings input and rerank document is a task of its own in llama-server: bounded in number.
+    assert allowed_body("/v1/embeddings", {"input": "x" * 100_000})[0]["input"]  # (a long text is one input)
+    with pytest.raises(RequestError, match="2048 entries"):
+        allowed_body("/v1/embeddings", {"input": ["x"] * 2049})
+    with pytest.raises(RequestError, match="1024 entries"):
+        allowed_body("/v1/rerank", {"query": "q", "texts": ["x"] * 1025})
 
 
 # ------------------------------------------------------------------ output limits

@@ -47,7 +47,8 @@ class Field:
     types: tuple[str, ...]
     lo: float | None = None
     hi: float | None = None
-    size: int = UNBOUNDED
+    chars: int = UNBOUNDED
+    entries: int = UNBOUNDED
     json_size: int = UNBOUNDED
 
     def check(self, name: str, value: Any) -> str | None:
@@ -59,9 +60,10 @@ class Field:
             if not math.isfinite(value) or (self.lo is not None and value < self.lo) \
                     or (self.hi is not None and value > self.hi):
                 return f"`{name}` must be from {_num(self.lo)} to {_num(self.hi)}, not {_shown(value)}"
-        elif kind in ("str", "list", "obj") and self.size != UNBOUNDED and len(value) > self.size:
-            unit = {"str": "characters", "list": "entries", "obj": "entries"}[kind]
-            return f"`{name}` holds more than {self.size} {unit}"
+        elif kind == "str" and self.chars != UNBOUNDED and len(value) > self.chars:
+            return f"`{name}` holds more than {self.chars} characters"
+        elif kind in ("list", "obj") and self.entries != UNBOUNDED and len(value) > self.entries:
+            return f"`{name}` holds more than {self.entries} entries"
         if self.json_size != UNBOUNDED and kind in ("list", "obj") \
                 and len(json.dumps(value)) > self.json_size:
             return f"`{name}` is larger than {self.json_size} characters of JSON"
@@ -104,7 +106,7 @@ TEXT = Field(("str",))  # a prompt: bounded by the body cap
 
 
 def STR(n: int) -> Field:
-    return Field(("str",), size=n)
+    return Field(("str",), chars=n)
 
 
 def OBJ(json_size: int = SMALL_JSON) -> Field:
@@ -112,7 +114,7 @@ def OBJ(json_size: int = SMALL_JSON) -> Field:
 
 
 OUTPUT = INT(0, MAX_TOKENS)  # -1 is "forever" to llama-server: one request would hold a slot for good
-STOP = Field(("str", "list"), size=MAX_STOPS, json_size=SMALL_JSON)
+STOP = Field(("str", "list"), chars=SMALL_JSON, entries=MAX_STOPS, json_size=SMALL_JSON)
 CONVERSATION = Field(("list",))  # messages: bounded by the body cap
 SCHEMA = Field(("obj", "bool"), json_size=MAX_GRAMMAR_CHARS)
 
@@ -125,15 +127,15 @@ SAMPLING: dict[str, Field] = {
     "dynatemp_range": NUM(0, 100), "dynatemp_exponent": NUM(0, 100),
     "mirostat": INT(0, 2), "mirostat_tau": NUM(0, 100), "mirostat_eta": NUM(0, 1),
     "dry_multiplier": NUM(0, 100), "dry_base": NUM(0, 100), "dry_allowed_length": INT(0, 1 << 16),
-    "dry_penalty_last_n": INT(-1, 1 << 20), "dry_sequence_breakers": Field(("list",), size=64, json_size=4096),
+    "dry_penalty_last_n": INT(-1, 1 << 20), "dry_sequence_breakers": Field(("list",), entries=64, json_size=4096),
     "seed": INT(-1, (1 << 32) - 1), "min_keep": INT(0, 1024), "ignore_eos": BOOL, "cache_prompt": BOOL,
     "grammar": STR(MAX_GRAMMAR_CHARS), "json_schema": SCHEMA,
-    "logit_bias": Field(("obj", "list"), size=MAX_LOGIT_BIAS),
+    "logit_bias": Field(("obj", "list"), entries=MAX_LOGIT_BIAS),
     "stream": BOOL, "stream_options": OBJ(1024),
 }
 # What llama-server's chat template and parser take from a chat request, besides the conversation.
 CHAT_TEMPLATE: dict[str, Field] = {
-    "tools": Field(("list",), size=MAX_TOOLS), "tool_choice": Field(("str", "obj"), json_size=SMALL_JSON),
+    "tools": Field(("list",), entries=MAX_TOOLS), "tool_choice": Field(("str", "obj"), json_size=SMALL_JSON),
     "parallel_tool_calls": BOOL, "chat_template_kwargs": OBJ(), "reasoning_format": STR(32),
     "reasoning_effort": STR(32), "response_format": OBJ(MAX_GRAMMAR_CHARS),
 }
@@ -151,12 +153,17 @@ RESPONSES = {**MODEL, **SAMPLING, **CHAT_TEMPLATE, "input": Field(("str", "list"
              "max_output_tokens": OUTPUT, "reasoning": OBJ(1024), "previous_response_id": STR(256)}
 ANTHROPIC = {**MODEL, "messages": CONVERSATION, "system": Field(("str", "list")), "max_tokens": OUTPUT,
              "stop_sequences": STOP, "stream": BOOL, "temperature": NUM(0, 100), "top_p": NUM(0, 1),
-             "top_k": INT(-1, 1 << 20), "tools": Field(("list",), size=MAX_TOOLS),
+             "top_k": INT(-1, 1 << 20), "tools": Field(("list",), entries=MAX_TOOLS),
              "tool_choice": OBJ(), "thinking": OBJ(1024), "chat_template_kwargs": OBJ()}
-EMBEDDINGS = {**MODEL, "input": Field(("str", "list")), "content": Field(("str", "list")),
-              "encoding_format": STR(16), "embd_normalize": INT(-1, 2)}
-RERANK = {**MODEL, "query": TEXT, "documents": Field(("list",)), "top_n": INT(0, 1 << 16),
-          "return_documents": BOOL}
+# Each input of an embeddings request and each document of a rerank is a task of its own in llama-server:
+# bounded as the APIs bound them (OpenAI: 2048 inputs; Cohere and Jina: 1000 documents).
+MAX_INPUTS = 2048
+MAX_DOCUMENTS = 1024
+EMBEDDINGS = {**MODEL, "input": Field(("str", "list"), entries=MAX_INPUTS),
+              "content": Field(("str", "list"), entries=MAX_INPUTS), "encoding_format": STR(16),
+              "embd_normalize": INT(-1, 2)}
+RERANK = {**MODEL, "query": TEXT, "documents": Field(("list",), entries=MAX_DOCUMENTS),
+          "texts": Field(("list",), entries=MAX_DOCUMENTS), "top_n": INT(0, MAX_DOCUMENTS), "return_documents": BOOL}
 LLAMA_COMPLETION = {**MODEL, **SAMPLING, "prompt": Field(("str", "list", "obj")), "n_predict": OUTPUT,
                     "stop": STOP, "n_probs": INT(0, MAX_N_PROBS), "n_indent": INT(0, 1024),
                     "post_sampling_probs": BOOL, "return_tokens": BOOL, "timings_per_token": BOOL}
