@@ -1,5 +1,5 @@
 """Which request fields reach llama-server: one allow-list per API route family, each field with its
-type and its bound. Pure: body in, body out.
+type and its bound. allowed_body is pure (body in, body out); filter_body adds the log note.
 
 llama-server reads much more from a request body than any public API defines: its own internal
 fields (`chat_parser`, `chat_format`, `generation_prompt`, `grammar_type`, `grammar_triggers`,
