@@ -886,7 +886,9 @@ def _add_daemon_parsers(sub: argparse._SubParsersAction) -> None:
     common.add_argument("--body-timeout", type=float, default=30, metavar="S",
                         help="refuse a request whose body stalls for S seconds (408; default 30)")
     common.add_argument("--max-connections", type=int, default=256, metavar="N",
-                        help="refuse connections beyond N open ones (503; default 256)")
+                        help="refuse connections beyond N open ones (503; default 256); with a token "
+                             "required, one that showed it keeps its place and the oldest idle one that "
+                             "did not is closed instead")
     common.add_argument("--max-header-kib", type=float, default=64, metavar="KIB",
                         help="refuse a request line plus headers larger than this (431; default 64)")
     common.add_argument("--max-headers", type=int, default=100, metavar="N",
@@ -909,8 +911,8 @@ def _add_daemon_parsers(sub: argparse._SubParsersAction) -> None:
                         help=RPC_HELP + "; a child that loses a worker is relaunched without it if it still fits")
     common.add_argument("--record", default=None, metavar="DIR",
                         help="save every request body (route, headers without credentials, body, time) to DIR, "
-                             "one numbered file each, in the order received; `bostudio bench --workload DIR` "
-                             "replays the session")
+                             "one numbered file each (0600; DIR created 0700, refused if others may write "
+                             "it), in the order received; `bostudio bench --workload DIR` replays the session")
     p = sub.add_parser("daemon", parents=[common], help="run the daemon: one OpenAI endpoint for every model",
                        description="Run the bostudio daemon in the foreground: one OpenAI-compatible endpoint "
                                    "(/v1) that loads models on demand, routes by `model`, supervises the "
@@ -918,7 +920,10 @@ def _add_daemon_parsers(sub: argparse._SubParsersAction) -> None:
                                    "Each model runs the launch `bostudio up`/`plan` show: the largest context "
                                    "that fits (up to its training context), 4 slots sharing one KV pool; "
                                    "requests the pool cannot hold together wait their turn, and a prompt "
-                                   "longer than the context gets 400. "
+                                   "longer than the context gets 400. Each route forwards only the fields "
+                                   "its API defines (others are dropped, noted in the log; README 'Fields "
+                                   "that reach llama-server'), and every generating request has an output "
+                                   "limit (a quarter of the context unless it sets one). "
                                    "With an ACTION, manage a background daemon instead.")
     p.set_defaults(func=cmd_daemon)
     dsub = p.add_subparsers(dest="daemon_command", metavar="ACTION")

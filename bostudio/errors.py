@@ -45,6 +45,13 @@ class GGUFFormatError(ModelError):
     title = "GGUF format error"
 
 
+class ModelFileError(ModelError):
+    """The model file itself cannot be served (a broken or inconsistent header, a plan its own numbers
+    rule out): a relaunch would fail the same way, so it is no crash to retry. The daemon answers 422."""
+
+    title = "model file error"
+
+
 class EngineError(BostudioError):
     title = "engine error"
 

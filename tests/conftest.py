@@ -1,15 +1,20 @@
-"""Shared fixtures: the built engine, the embedded real models, free ports, a running server; and the
-suite's process hygiene: what a failed test started is killed, and the run fails if a llama-server or
+"""Shared fixtures: the built engine, the embedded real models, free ports, a running server; the suite's
+isolation from the user's own dirs (isolate_user_dirs); and the suite's process hygiene: what a failed test
+started is killed, and the run fails if a llama-server or
 `bostudio` process it started is still alive at the end (tests/proc_guard.py finds them by a marker
 in their environment, never by name alone)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from bostudio import paths
 from bostudio.catalog.embedded import DEFAULT, GEMMA_270M, ensure_embedded
 from bostudio.engine.discover import Engine, choose_engine, discover_engines
 from tests import proc_guard
@@ -17,6 +22,37 @@ from tests.netutil import free_port
 
 # Set before any test starts a process, so every process of this run carries it.
 SUITE_MARK = proc_guard.install()
+
+# What the suite shares with the user's cache: the engine build (and the pinned source it was built
+# from) and the test models downloaded once. Nothing else of the user's own is read.
+SHARED_CACHE = ("engines", "src", "test-models")
+# Other model stores the catalog would scan (the user's LM Studio and Ollama models, the HF hub cache).
+STORE_VARS = ("LMSTUDIO_MODELS_DIR", "OLLAMA_MODELS", "HF_HUB_CACHE")
+
+
+def isolate_user_dirs() -> Path:
+    """Point XDG_CONFIG_HOME, XDG_STATE_HOME, XDG_DATA_HOME and XDG_CACHE_HOME at a fresh temp dir for
+    the whole run (child processes inherit it), so that a user's config, tuned profiles, prompt store
+    or catalog cannot change a result; the cache keeps only SHARED_CACHE, linked to the user's."""
+    shared = paths.cache_dir()
+    root = Path(tempfile.mkdtemp(prefix="bostudio-tests-"))
+    for var, sub in (("XDG_CONFIG_HOME", "config"), ("XDG_STATE_HOME", "state"), ("XDG_DATA_HOME", "data"),
+                     ("XDG_CACHE_HOME", "cache")):
+        (root / sub).mkdir()
+        os.environ[var] = str(root / sub)
+    for var in ("HF_HOME", "HUGGINGFACE_HUB_CACHE"):
+        os.environ.pop(var, None)
+    for var in STORE_VARS:
+        os.environ[var] = str(root / "stores" / var.lower())
+    cache = paths.cache_dir()
+    cache.mkdir(parents=True)
+    for name in SHARED_CACHE:
+        (shared / name).mkdir(parents=True, exist_ok=True)
+        (cache / name).symlink_to(shared / name, target_is_directory=True)
+    return root
+
+
+USER_DIRS = isolate_user_dirs()
 
 
 @pytest.fixture(scope="session")
@@ -116,7 +152,15 @@ def _stop_what_a_failed_test_started(request: pytest.FixtureRequest):
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the run if a llama-server or bostudio process it started outlived it (and kill it)."""
+    """Fail the run if a llama-server or bostudio process it started outlived it (and kill it); remove
+    the run's own XDG dirs (the shared cache entries are links: removing them leaves the targets)."""
+    try:
+        _check_leftovers(session)
+    finally:
+        shutil.rmtree(USER_DIRS, ignore_errors=True)
+
+
+def _check_leftovers(session: pytest.Session) -> None:
     left = proc_guard.left_servers(SUITE_MARK)
     if not left:
         return

@@ -8,6 +8,10 @@ same endpoints and log lines, and a behaviour chosen by the model file's name:
     *stall*     serves, but a streamed response stops after its first chunk (a wedged child)
     anything    loads in 0.3 s, then serves /health, /slots, /metrics, /completion and /v1/*
 
+With FAKE_LLAMA_BODIES=FILE in its environment it appends every POST it gets to FILE, one JSON line
+{"pid", "path", "body"} each (what the daemon forwarded, byte for byte parsed). A POST whose body holds
+KILL_WORD anywhere exits the server at once, mid-request (a request that crashes its child).
+
 `--decoy PORT` runs a decoy instead: it answers 200 to everything on PORT and appends each
 request path to the file named by --decoy-log.
 """
@@ -23,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 HELP = Path(__file__).with_name("data") / "llama-server-help.txt"
+KILL_WORD = "KILL-THE-CHILD"
 PROGRESS_S = 3.0
 T0 = time.monotonic()
 
@@ -86,9 +91,15 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(404, {"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}})
 
     def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = json.loads(raw or b"{}")
         if not self.gate():
             return
+        if os.environ.get("FAKE_LLAMA_BODIES"):
+            with open(os.environ["FAKE_LLAMA_BODIES"], "a") as f:
+                f.write(json.dumps({"pid": os.getpid(), "path": self.path, "body": body}) + "\n")
+        if KILL_WORD.encode() in raw:
+            os._exit(139)  # as a segfault would: no answer, the connection drops
         timings = {"predicted_n": 4, "predicted_ms": 30.0, "predicted_per_second": 100.0, "draft_n": 4,
                    "draft_n_accepted": 3}
         if body.get("stream"):

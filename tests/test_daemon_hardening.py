@@ -309,26 +309,42 @@ def test_request_guards_close_the_small_gaps(daemon: DaemonProc) -> None:
 
 # ------------------------------------------------------------------ hang-ups while a model loads
 
-def test_requests_abandoned_while_a_model_loads_are_dropped(daemon: DaemonProc) -> None:
-    body = json.dumps({"model": "fake-progress", "prompt": "x", "max_tokens": 4}).encode()
+def abandon_while_loading(d: DaemonProc, route: str, body: dict, clients: int) -> dict:
+    """`clients` send `body` to `route` and hang up while its model loads; the instance once ready."""
+    model = body["model"]
+    raw = json.dumps(body).encode()
     socks = []
-    for _ in range(5):
-        s = connect(daemon)
-        s.sendall(request_head("/v1/completions", daemon.port, "Content-Type: application/json\r\n"
-                                                           f"Content-Length: {len(body)}\r\n\r\n") + body)
+    for _ in range(clients):
+        s = connect(d)
+        s.sendall(request_head(route, d.port, "Content-Type: application/json\r\n"
+                                              f"Content-Length: {len(raw)}\r\n\r\n") + raw)
         socks.append(s)
     deadline = time.monotonic() + GUARD_S
-    while daemon.instance("fake-progress").get("state") != "loading" and time.monotonic() < deadline:
+    while d.instance(model).get("state") != "loading" and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert daemon.instance("fake-progress")["state"] == "loading"
+    assert d.instance(model)["state"] == "loading"
     for s in socks:
         s.close()  # every client gives up while the model loads (the fake loads for 3 s)
-    while daemon.instance("fake-progress")["state"] != "ready" and time.monotonic() < deadline:
+    while d.instance(model)["state"] != "ready" and time.monotonic() < deadline:
         time.sleep(0.1)
-    inst = daemon.instance("fake-progress")
+    inst = d.instance(model)
     assert inst["state"] == "ready"
     time.sleep(1.0)  # (not a measure: would a dropped request still arrive, it would have by now)
-    inst = daemon.instance("fake-progress")
+    return d.instance(model)
+
+
+def test_requests_abandoned_while_a_model_loads_are_dropped(daemon: DaemonProc) -> None:
+    inst = abandon_while_loading(daemon, "/v1/completions", {"model": "fake-progress", "prompt": "x",
+                                                             "max_tokens": 4}, 5)
+    assert inst["stats"]["requests"] == 0 and inst["active_requests"] == 0
+
+
+def test_an_ollama_embed_abandoned_while_its_model_loads_is_dropped(daemon: DaemonProc, fake_root: Path) -> None:
+    from tests.test_daemon_api_faults import tiny_embedder
+
+    # /api/embed passed the client's request where Router.open takes the body: a hang-up cancelled nothing.
+    tiny_embedder(fake_root / "models" / "fake-progress-embed.gguf")  # "progress": the fake loads for 3 s
+    inst = abandon_while_loading(daemon, "/api/embed", {"model": "fake-progress-embed", "input": "x"}, 3)
     assert inst["stats"]["requests"] == 0 and inst["active_requests"] == 0
 
 
@@ -508,3 +524,149 @@ def test_the_token_is_checked_before_any_body_is_read(tmp_path: Path, fake_root:
         assert status_of(raw) == 401 and b"connection: close" in raw.lower()
     finally:
         assert d.stop() == 0
+
+
+# ------------------------------------------------------------------ second pass (issue 35)
+
+def test_setting_speculation_by_path_takes_the_same_model_path_check(daemon: DaemonProc, fake_root: Path) -> None:
+    (fake_root / "elsewhere" / "notes.txt").write_text("not a model")
+    with daemon.http(GUARD_S) as http:
+        for path in (fake_root / "elsewhere" / "notes.txt", fake_root / "elsewhere" / "outside.gguf"):
+            r = http.put(f"/bostudio/instances/{path}/speculation", json={"mode": "off"})
+            assert r.status_code == 400 and "outside the model directories" in r.json()["error"]["message"], r.text
+        ids = {m["id"] for m in http.get("/v1/models").json()["data"]}
+        assert "notes.txt" not in ids and "notes" not in ids and "outside" not in ids
+        # A model of the catalog still takes a mode.
+        assert http.put("/bostudio/instances/fake-ok/speculation", json={"mode": "off"},
+                        params={"wait": "false"}).status_code == 200
+
+
+def test_a_lying_model_file_gets_422_at_once_not_the_crash_loop(daemon: DaemonProc, fake_root: Path) -> None:
+    from tests.gguf_factory import VOCAB, dense_layers, write_model
+
+    # A header whose own numbers rule out every plan: a KV cache of 2^20 heads of 2^20 values per layer.
+    tensors: dict = {"token_embd.weight": (64, len(VOCAB)), "output_norm.weight": (64,),
+                     "output.weight": (64, len(VOCAB)), **dense_layers(2, 64, 4, 2, 16, 128)}
+    write_model(fake_root / "models" / "liar.gguf", "llama",
+                {".context_length": 2048, ".embedding_length": 64, ".block_count": 2, ".feed_forward_length": 128,
+                 ".attention.head_count": 4, ".attention.head_count_kv": 1 << 20, ".attention.key_length": 1 << 20,
+                 ".attention.value_length": 1 << 20, ".attention.layer_norm_rms_epsilon": 1e-5,
+                 ".rope.dimension_count": 16, ".rope.freq_base": 10000.0, "general.file_type": 0}, tensors)
+    with daemon.http(GUARD_S) as http:
+        for _ in range(2):  # and again: still the file's fault, not "failed" for a cool-down
+            r = http.post("/v1/completions", json={"model": "liar", "prompt": "hi", "max_tokens": 1})
+            assert r.status_code == 422 and "liar" in r.json()["error"]["message"], r.text
+        r = http.post("/v1/messages", json={"model": "liar", "max_tokens": 1, "messages": [{"role": "user",
+                                                                                           "content": "hi"}]})
+        assert r.status_code == 422 and r.json()["type"] == "error"
+    inst = daemon.instance("liar")
+    assert inst["crashes_recent"] == 0 and inst["loads"] == 0  # nothing was started, nothing counted
+
+
+@pytest.mark.parametrize("host", ["[::1]evil.com", "127.0.0.1:{port}@evil.com", "localhost:{port}.evil.com",
+                                  "localhost:{port}:1", "127.0.0.1 :{port}"])
+def test_a_malformed_host_header_is_refused(daemon: DaemonProc, host: str) -> None:
+    s = connect(daemon)
+    s.sendall(f"GET /v1/models HTTP/1.1\r\nHost: {host.format(port=daemon.port)}\r\n\r\n".encode())
+    raw = read_all(s)
+    s.close()
+    assert status_of(raw) in (400, 403), raw[:200]  # (400: uvicorn's parser may refuse it first)
+
+
+def test_sockets_without_the_token_cannot_lock_the_token_holder_out(tmp_path: Path, fake_root: Path) -> None:
+    from bostudio.daemon.security import create_token, read_token
+
+    token_file = create_token(tmp_path / "config" / "bostudio" / "token")
+    token = read_token(token_file)
+    cap = 16
+    d = DaemonProc(tmp_path, fake_root / "models", ["--engine", str(fake_root / "llama-server"), "--require-token",
+                                                    "--max-connections", str(cap), "--header-timeout", "600"])
+    d.start()
+    idle = []
+    try:
+        idle = [connect(d) for _ in range(cap + 8)]  # connect and say nothing (the header timeout is long)
+        for _ in range(3):  # the holder gets in each time (a new connection each time)
+            r = httpx.get(d.url + "/bostudio/status", headers={"Authorization": f"Bearer {token}"},
+                          timeout=GUARD_S, trust_env=False)
+            assert r.status_code == 200, r.text
+        # Made room for by closing idle sockets without the token, never by refusing the holder.
+        closed = 0
+        for s in idle:
+            s.settimeout(0.5)
+            try:
+                closed += s.recv(65536).startswith(b"HTTP/1.1 503")
+            except socket.timeout:
+                pass
+        assert closed >= 8
+    finally:
+        for s in idle:
+            s.close()
+        assert d.stop() == 0
+
+
+def test_recordings_are_owner_only_and_follow_no_planted_link(tmp_path: Path) -> None:
+    from bostudio.daemon.record import Recorder
+    from bostudio.errors import ConfigError
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    rec_dir = tmp_path / "rec"
+    recorder = Recorder(rec_dir)
+    assert (rec_dir.stat().st_mode & 0o777) == 0o700
+    path, data = recorder.entry("/v1/messages", {"authorization": "Bearer x"}, {"prompt": "secret"})
+    path.with_suffix(".json.tmp").symlink_to(victim)  # at the temporary name the recorder used to write through
+    Recorder.write(path, data)
+    assert victim.read_text() == "keep me"
+    assert (path.stat().st_mode & 0o777) == 0o600 and json.loads(path.read_text())["body"] == {"prompt": "secret"}
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match="writable by other users"):
+        Recorder(shared)
+
+
+def test_agent_files_with_the_token_become_owner_only(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from bostudio.agents.run import write_files
+
+    config = tmp_path / "agents" / "opencode" / "opencode.json"
+    config.parent.mkdir(parents=True)
+    config.write_text("{}")
+    config.chmod(0o644)  # a world-readable file from before
+    write_files(SimpleNamespace(files={str(config): '{"apiKey": "TOKEN"}'}))  # type: ignore[arg-type]
+    assert (config.stat().st_mode & 0o777) == 0o600 and "TOKEN" in config.read_text()
+
+
+def test_the_suite_reads_nothing_of_the_users_own_dirs() -> None:
+    from bostudio import paths
+
+    run = Path(os.environ["XDG_CONFIG_HOME"]).parent  # the run's own dirs (tests/conftest.py)
+    assert not run.is_relative_to(Path.home())
+    for d in (paths.config_dir(), paths.state_dir(), paths.data_dir(), paths.cache_dir(), paths.hf_cache_dir(),
+              *paths.lmstudio_models_dirs(), *paths.ollama_models_dirs()):
+        assert d.is_relative_to(run), d
+    # ... apart from the engine build, shared with the user's cache.
+    assert paths.engines_dir().is_symlink()
+
+
+def test_saved_prompt_states_are_owner_only(tmp_path: Path) -> None:
+    from bostudio.daemon.slots import SlotStore, state_key
+    from bostudio.runtime.process import ServerProcess
+
+    # What a child llama-server writes (the slot files it saves: the prompts) is created under umask 077.
+    child = ServerProcess(["/bin/sh", "-c", f"echo prompt > {tmp_path / 'slot0'}"], 1, tmp_path / "child.log")
+    child.start()
+    assert child.proc is not None and child.proc.wait(GUARD_S) == 0
+    assert ((tmp_path / "slot0").stat().st_mode & 0o777) == 0o600
+    # The store's own sidecar, rewritten over a world-readable one, is 0600 too.
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    store = SlotStore(tmp_path / "store", 1 << 30)
+    store.ensure()
+    key = state_key(model, "abc", 4096)
+    store.record(key, {0: {"tokens": 100, "bytes": 10}})
+    sidecar = store.root / f"{key.digest}.json"
+    sidecar.chmod(0o644)
+    store.record(key, {1: {"tokens": 200, "bytes": 10}})
+    assert (sidecar.stat().st_mode & 0o777) == 0o600

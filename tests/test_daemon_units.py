@@ -115,6 +115,9 @@ def test_ordinary_requests_pass(body) -> None:
 @pytest.mark.parametrize("header, name", [
     ("127.0.0.1:8642", "127.0.0.1"), ("localhost", "localhost"), ("LOCALHOST:1", "localhost"),
     ("[::1]:8642", "[::1]"), ("[::1]", "[::1]"), ("evil.example:80", "evil.example"), ("", ""),
+    # Not a Host at all: no allowlist holds the empty name.
+    ("[::1]evil.com", ""), ("127.0.0.1:8642@evil.com", ""), ("localhost:8642.evil.com", ""), ("a:1:2", ""),
+    ("localhost:", ""), ("local host", ""), ("[::1", ""),
 ])
 def test_host_name(header, name) -> None:
     assert security.host_name(header) == name

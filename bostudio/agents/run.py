@@ -12,7 +12,7 @@ from bostudio import paths
 from bostudio.agents import AgentConfig, AgentTarget, configure, max_output_for
 from bostudio.catalog.embedded import DEFAULT_NAME
 from bostudio.errors import BostudioError
-from bostudio.files import write_atomic
+from bostudio.files import write_private
 
 DEFAULT_MODEL = DEFAULT_NAME  # the embedded default (bostudio.catalog.embedded)
 
@@ -52,7 +52,7 @@ def prepare(agent: str, model: str | None, ctx: int | None = None, host: str = "
 
 def write_files(cfg: AgentConfig) -> None:
     for name, content in cfg.files.items():
-        write_atomic(Path(name), content)
+        write_private(Path(name), content)  # they hold the daemon's token: 0600, even over a 0644 file
 
 
 def find_binary(cfg: AgentConfig) -> str:

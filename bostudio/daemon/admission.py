@@ -26,7 +26,9 @@ COUNT_ROUTES = {"/v1/chat/completions": "/v1/chat/completions/input_tokens",
                 "/v1/responses": "/v1/responses/input_tokens",
                 "/v1/messages": "/v1/messages/count_tokens"}
 PROMPT_ROUTES = ("/v1/completions", "/completion", "/completions")  # a plain prompt: /tokenize
-OUTPUT_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
+# In llama-server's order: `n_predict`, then its aliases (server-schema.cpp); the Responses API's becomes
+# `max_tokens` in llama-server's conversion.
+OUTPUT_KEYS = ("n_predict", "max_completion_tokens", "max_tokens", "max_output_tokens")
 COUNT_TIMEOUT = httpx.Timeout(60.0, connect=2.0)
 # A speculating slot verifies its draft in the target's KV cache: up to n_max + 1 cells past its last
 # token for a moment (64 + 1 for llama.cpp's ngram-mod default, the longest the pairings use).
@@ -110,7 +112,8 @@ def output_budget(body: dict) -> int | None:
 async def count_prompt(http: httpx.AsyncClient, path: str, raw: bytes, body: dict) -> int | None:
     """The prompt tokens of a request to `path` as the child counts them (its chat template and
     tokenizer), or None when the route has no count or the child could not count it (then
-    llama-server answers the request itself)."""
+    llama-server answers the request itself). A broken connection (httpx.TransportError other than a
+    timeout) is raised: the child may have died of this request."""
     try:
         if path in COUNT_ROUTES:
             r = await http.post(COUNT_ROUTES[path], content=raw, headers={"Content-Type": "application/json"},
@@ -120,6 +123,10 @@ async def count_prompt(http: httpx.AsyncClient, path: str, raw: bytes, body: dic
             r = await http.post("/tokenize", json={"content": body["prompt"], "add_special": True},
                                 timeout=COUNT_TIMEOUT)
             return len(r.json()["tokens"]) if r.status_code == 200 else None
+    except httpx.TimeoutException:
+        return None  # a busy child: the request goes on without a count, as before
+    except httpx.TransportError:
+        raise
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return None
     return None

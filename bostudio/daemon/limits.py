@@ -3,9 +3,10 @@ client_header_timeout / client_body_timeout / large_client_header_buffers, Apach
 a slow, idle, half-open or oversized client costs a bounded amount of time and memory, and needs no
 token to be refused.
 
-- `guarded_protocol(limits)`: uvicorn's httptools protocol with a header-read timeout, a cap on the
-  request head's bytes and lines, and a cap on open connections (uvicorn's own keep-alive timeout
-  closes idle connections between requests).
+- `guarded_protocol(limits, token)`: uvicorn's httptools protocol with a header-read timeout, a cap on
+  the request head's bytes and lines, and a cap on open connections (uvicorn's own keep-alive timeout
+  closes idle connections between requests). With a token required, a connection that showed it
+  keeps its place at the cap: the oldest one that did not, waiting for a request head, gives way.
 - `BodyLimits`: ASGI middleware that reads every request body before the route runs: bounded in size
   (one cap for the model routes, a small one for the control API), with a timeout between pieces, and
   parsed as JSON off the event loop with a depth and a size limit. Every refusal is JSON in the shape
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from bostudio.daemon.router import PARSED_KEY, api_of, error_body
+from bostudio.daemon.security import given_token, token_matches
 
 log = logging.getLogger("bostudio.daemon")
 
@@ -57,6 +59,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     a new connection is answered 503 and closed. Over-limit clients get a JSON error and a close."""
 
     limits = HttpLimits()
+    token: str | None = None  # with --require-token: connections that showed it are never given way
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -65,10 +68,28 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_lines = 0
         self._refusal: tuple[int, str] | None = None
         self._head_timer: asyncio.TimerHandle | None = None
-        if len(self.connections) > self.limits.max_connections:
+        self._authenticated = False  # a request on it showed the token
+        self._opened = self.loop.time()
+        if len(self.connections) > self.limits.max_connections and not self._make_room():
             self._refuse(503, f"more than {self.limits.max_connections} open connections; try again later")
             return
         self._arm_head_timer()
+
+    def _make_room(self) -> bool:
+        """With a token required: the oldest connection that has shown no token and waits for a request
+        head gives way to this new one (closed with 503), so that sockets without the token cannot hold
+        every connection and lock the token holder out. A connection that showed the token keeps its
+        place. True when room was made."""
+        if self.token is None:
+            return False
+        idle = [c for c in self.connections if c is not self and isinstance(c, GuardedHttpToolsProtocol)
+                and not c._authenticated and c._in_head and c._refusal is None]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda c: c._opened)
+        oldest._refuse(503, f"more than {self.limits.max_connections} open connections; this one sent no "
+                            "request in time for a new one")
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
@@ -132,6 +153,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if self._refusal is not None:
             return
+        if self.token is not None and not self._authenticated:
+            self._authenticated = token_matches(given_token(dict(self.headers)), self.token)
         self._in_head = False
         self._cancel_head_timer()
         super().on_headers_complete()
@@ -145,9 +168,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             super().on_message_complete()
 
 
-def guarded_protocol(limits: HttpLimits) -> type[GuardedHttpToolsProtocol]:
-    """The protocol class for uvicorn.Config(http=...), keeping `limits`."""
-    return type("BostudioHttpProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
+def guarded_protocol(limits: HttpLimits, token: str | None = None) -> type[GuardedHttpToolsProtocol]:
+    """The protocol class for uvicorn.Config(http=...), keeping `limits`; `token` (when the daemon
+    requires one) lets connections that show it keep their place when the connection cap is reached."""
+    return type("BostudioHttpProtocol", (GuardedHttpToolsProtocol,), {"limits": limits, "token": token})
 
 
 # ---------------------------------------------------------------- bodies

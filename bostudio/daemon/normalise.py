@@ -5,7 +5,8 @@
   the whole ~20k-token prefix misses llama-server's prompt cache from its first token. It carries nothing
   for a local model, so it is stripped (from `system`, a string or a list of blocks, and from any
   `role: system` message inside `messages`).
-- A request without an output limit gets one (`output_limit`, a quarter of the model's context).
+- A request without an output limit gets one (`output_limit`, a quarter of the model's context), on every
+  route that generates (OUTPUT_FIELD).
 - A named tool_choice (OpenAI chat and Responses) becomes `required` over the named tool alone: llama-server
   reads an object tool_choice as `auto`.
 - A forced tool call (`tool_choice` required/any or one named tool) on a model served with a template
@@ -90,17 +91,23 @@ def prefill_forced_call(path: str, body: dict, prefill: str) -> dict | None:
     return None
 
 
+# Where each generating route takes its output limit (llama-server reads them all as `n_predict`).
+OUTPUT_FIELD = {"/v1/chat/completions": "max_tokens", "/v1/completions": "max_tokens",
+                "/v1/responses": "max_output_tokens", "/v1/messages": "max_tokens",
+                "/completion": "n_predict", "/completions": "n_predict", "/infill": "n_predict"}
+
+
 def default_output_limit(path: str, body: dict, limit: int) -> dict | None:
-    """The body with an output limit when it has none (Codex sends none): a model that never ends its
-    turn (a base model) would otherwise generate until the context is full, holding a slot for minutes."""
-    if limit <= 0:
+    """The body with an output limit when it has none, on every route that generates (Codex sends none,
+    nor do Ollama clients without num_predict): a model that never ends its turn (a base model) would
+    otherwise generate until the context is full, and its KV reservation would hold the whole pool. A
+    limit the client set is kept (admission reserves it as far as it fits the context)."""
+    key = OUTPUT_FIELD.get(path)
+    if limit <= 0 or key is None:
         return None
-    if path == "/v1/responses" and body.get("max_output_tokens") is None:
-        return dict(body, max_output_tokens=limit)
-    if path == "/v1/chat/completions" and body.get("max_tokens") is None \
-            and body.get("max_completion_tokens") is None:
-        return dict(body, max_tokens=limit)
-    return None
+    if body.get(key) is not None or (key == "max_tokens" and body.get("max_completion_tokens") is not None):
+        return None
+    return dict(body, **{key: limit})
 
 
 def _tool_name(tool: Any) -> str | None:
@@ -146,4 +153,4 @@ def normalise(path: str, body: dict, call_prefill: str = "", output_limit: int =
     return out if changed else None
 
 
-__all__ = ["normalise", "default_output_limit", "named_tool_choice", "strip_billing_header", "prefill_forced_call", "forces_tool_call", "BILLING_PREFIX"]
+__all__ = ["normalise", "default_output_limit", "OUTPUT_FIELD", "named_tool_choice", "strip_billing_header", "prefill_forced_call", "forces_tool_call", "BILLING_PREFIX"]

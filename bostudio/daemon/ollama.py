@@ -8,7 +8,9 @@ temperature, top_p, top_k, min_p, typical_p, seed, num_predict, stop, repeat_pen
 presence_penalty, frequency_penalty. Ignored (the daemon plans them per model): keep_alive and the
 load-time options num_ctx, num_gpu, num_thread, num_batch, main_gpu, use_mmap, use_mlock, numa,
 low_vram. Refused with 400: template (chat templates are rendered only by llama-server), context
-(the deprecated token context), images and suffix (not supported through this API)."""
+(the deprecated token context), images and suffix (not supported through this API). Nothing else is
+read: the translated body then passes the chat or completions allow-list and gets an output limit when
+it has no num_predict (Router.prepare)."""
 
 from __future__ import annotations
 
@@ -292,8 +294,8 @@ def _generate_routes(api: APIRouter, sup: Supervisor, router: Router) -> None:
                     raise Reject(error_response(exc, "ollama"))
                 return JSONResponse({"model": name, "created_at": now_iso(), "response": "", "done": True,
                                      "done_reason": "load"})
-            inst, upstream = await router.open(name, path, json.dumps(translated).encode(), "ollama", translated,
-                                               request)
+            raw, translated = await router.prepare(name, path, translated, "ollama")  # bounded, output limited
+            inst, upstream = await router.open(name, path, raw, "ollama", translated, request)
         except Reject as r:
             return r.response
         streaming = translated["stream"]
@@ -391,8 +393,10 @@ def _embed_routes(api: APIRouter, router: Router) -> None:
                                        "invalid_request_error"))
             translated = {"model": body.get("model"), "input": inputs}
             name = await router.admit(translated, "/v1/embeddings", "ollama")
-            inst, upstream = await router.open(name, "/v1/embeddings", json.dumps(translated).encode(), "ollama",
-                                               request)
+            raw, translated = await router.prepare(name, "/v1/embeddings", translated, "ollama")
+            # (`request` by keyword: passed as the fifth argument it was taken for the body, and a
+            # client that hung up was never cancelled upstream.)
+            inst, upstream = await router.open(name, "/v1/embeddings", raw, "ollama", translated, request=request)
         except Reject as r:
             return r.response
 

@@ -1,7 +1,8 @@
 """`bostudio daemon --record DIR`: every request body the daemon reads, saved in the order received, so that
 `bostudio bench --workload DIR` can replay a real agent's session turn by turn.
 
-One file per request, DIR/NNNNNN.json: {"seq", "time", "route", "headers" (credentials left out), "body"}.
+One file per request, DIR/NNNNNN.json (0600, in a directory of the user's own: created 0700, refused when
+another user owns it or may write to it): {"seq", "time", "route", "headers" (credentials left out), "body"}.
 The sequence number is taken on the event loop when the body has been read (the order requests arrived);
 the file is written in a thread (no blocking I/O on the loop).
 """
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 from bostudio.errors import ConfigError
+from bostudio.files import private_dir, write_private
 
 SECRET_HEADERS = {"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie", "set-cookie",
                   "anthropic-api-key", "openai-api-key", "x-goog-api-key"}
@@ -26,11 +28,8 @@ class Recorder:
     """Saves request bodies to `directory`, numbered after whatever it already holds."""
 
     def __init__(self, directory: Path) -> None:
-        d = directory.expanduser()
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"cannot create the recording directory {d}: {exc}", "pass a writable --record DIR") from exc
+        # Recordings hold every prompt: a directory of the user's own (created 0700), files 0600.
+        d = private_dir(directory.expanduser())
         if not os.access(d, os.W_OK):
             raise ConfigError(f"the recording directory {d} is not writable", "pass a writable --record DIR")
         self.dir = d
@@ -46,9 +45,9 @@ class Recorder:
 
     @staticmethod
     def write(path: Path, data: dict) -> None:
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-        os.replace(tmp, path)
+        # Owner-only, through an exclusively created temporary file: a link planted at a predictable
+        # temporary name cannot redirect the write.
+        write_private(path, json.dumps(data, ensure_ascii=False))
 
     async def save(self, route: str, headers: dict[str, str], body: dict) -> None:
         path, data = self.entry(route, headers, body)

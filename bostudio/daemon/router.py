@@ -19,11 +19,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from bostudio.daemon import admission, record, toolrescue
 from bostudio.daemon.capabilities import GENERATE, model_caps
+from bostudio.daemon.fields import filter_body
 from bostudio.daemon.guard import check_request
 from bostudio.daemon.normalise import normalise
 from bostudio.daemon.stats import timings_from_body, timings_from_sse
 from bostudio.daemon.supervisor import Instance, Supervisor
-from bostudio.errors import BostudioError, ConfigError, ModelError, RequestError, ServerError
+from bostudio.errors import BostudioError, ConfigError, ModelError, ModelFileError, RequestError, ServerError
 from bostudio.gguf import describe
 from bostudio.runtime import passthrough
 
@@ -45,7 +46,7 @@ CLIENT_GONE = 499  # nginx's "client closed request": nothing is sent, the statu
 
 # Anthropic's error types by status (docs.anthropic.com/en/api/errors).
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                    404: "not_found_error", 413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error",
                     529: "overloaded_error"}
 
 
@@ -72,6 +73,8 @@ def error_response(exc: BaseException, api: str = "openai") -> JSONResponse:
         return api_error(api, 400, exc.message, "invalid_request_error", exc.hint, exc.code)
     if isinstance(exc, ConfigError):
         return api_error(api, 400, exc.message, "invalid_request_error", exc.hint)
+    if isinstance(exc, ModelFileError):  # the file's own fault: the client's model choice, not the daemon
+        return api_error(api, 422, exc.message, "invalid_request_error", exc.hint, "model_file_error")
     if isinstance(exc, ModelError):
         return api_error(api, 404, exc.message, "not_found_error", exc.hint, "model_not_found")
     if isinstance(exc, ServerError):
@@ -130,7 +133,8 @@ class Router:
         self.idle_timeout = stream_idle_timeout
         self.max_body = max_body
         self.queue_timeout = queue_timeout
-        self._held: dict[int, tuple[admission.Admission, int]] = {}  # id(upstream) -> its KV reservation
+        # id(upstream) -> (its instance, its KV reservation, the launch it runs on)
+        self._held: dict[int, tuple[Instance, int, int]] = {}
 
     def context_of(self, name: str) -> int:
         """The context `name` runs (or will run) with: the running child's, else its config's, else the
@@ -232,32 +236,73 @@ class Router:
                 inst = await self.sup.get_ready(name)
             except (BostudioError, asyncio.TimeoutError) as exc:
                 raise Reject(error_response(exc, api))
-            tokens = await self.reserve(inst, path, raw, body, api)
-            inst.active += 1
-            inst.stats.requests += 1
+            # From its first byte to the child (the prompt count) the request counts as in flight on this
+            # launch, until it ends (_ended): a child whose death broke exactly one request died of that
+            # request (the supervisor does not count such a death toward the crash loop).
+            launch = inst.loads
+            inst.in_flight[launch] = inst.in_flight.get(launch, 0) + 1
+            # A child already dead or dying (its exit not yet noticed; a request on it already broke) can
+            # take nothing: a request that fails on it, even on a connection its dying socket still took,
+            # reached nothing and is retried.
+            alive = inst.proc is not None and inst.proc.alive() and not inst.died_with.get(launch)
+            tokens = 0
+            active = False
             try:
+                tokens = await self.reserve(inst, path, raw, body, api)
+                inst.active += 1
+                active = True
+                inst.stats.requests += 1
                 if inst.http is None or inst.port is None:
                     raise httpx.ConnectError("instance is not ready")
                 upstream = await passthrough.post("127.0.0.1", inst.port, path, raw, inst.api_key)
-                self._held[id(upstream)] = (inst.admission, tokens)
+                self._held[id(upstream)] = (inst, tokens, launch)
                 return inst, upstream
             except httpx.HTTPError as exc:
-                inst.active -= 1
+                if active:
+                    inst.active -= 1
                 inst.admission.release(tokens)
                 inst.stats.errors += 1
                 log.warning("%s: upstream %s failed (attempt %d): %r", inst.name, path, attempt, exc)
-                # Not connected, or no response from a child that then died, means not served: wait
-                # for the reload and retry once.
-                if attempt == 1 and isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError)) \
-                        and await self.sup.confirm_exited(inst):
+                reached = alive and not isinstance(exc, httpx.ConnectError)  # the child had (part of) it
+                try:
+                    exited = await self.sup.confirm_exited(inst)
+                except BaseException:  # cancelled meanwhile (the client hung up)
+                    self._ended(inst, launch, died=reached)
+                    raise
+                if reached and exited:
+                    # It died with this request in it: sent again, a request that crashes a model would
+                    # crash the relaunched child too. Answered, not retried; counted as died with the launch.
+                    self._ended(inst, launch, died=True)
+                    raise Reject(api_error(api, 502, f"llama-server for {inst.name} exited while serving this "
+                                                     "request; it is not sent again", "server_error",
+                                           "the model is relaunched for the other requests; check the request "
+                                           "before sending it again"))
+                self._ended(inst, launch)
+                # Not connected to a child that proved dead, or it was dead before: nothing was served;
+                # wait for the relaunch and retry once.
+                if attempt == 1 and not reached and exited:
                     continue
                 raise Reject(api_error(api, 502, f"llama-server for {inst.name} failed: {exc!r}", "server_error",
                                        "the model is restarted automatically; send the request again"))
-            except BaseException:  # cancelled (the client hung up): the request no longer counts as active
-                inst.active -= 1
+            except BaseException:  # refused, or cancelled (the client hung up): no longer in flight
+                if active:
+                    inst.active -= 1
                 inst.admission.release(tokens)
+                self._ended(inst, launch)
                 raise
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _ended(inst: Instance, launch: int, died: bool = False) -> None:
+        """A request on `launch` of `inst` ended: answered, refused, never reached the child, or (`died`)
+        its connection to the child broke with the request in it."""
+        left = inst.in_flight.get(launch, 0) - 1
+        if left > 0:
+            inst.in_flight[launch] = left
+        else:
+            inst.in_flight.pop(launch, None)
+        if died:
+            inst.died_with[launch] = inst.died_with.get(launch, 0) + 1
 
     async def reserve(self, inst: Instance, path: str, raw: bytes, body: dict | None, api: str) -> int:
         """Room in `inst`'s KV pool for a request to `path`: the tokens reserved (0 for a route that
@@ -292,7 +337,16 @@ class Router:
         inst.last_used = time.monotonic()
         held = self._held.pop(id(upstream), None) if upstream is not None else None
         if held is not None:
-            held[0].release(held[1])
+            owner, tokens, launch = held
+            owner.admission.release(tokens)
+            self._ended(owner, launch)
+
+    def broke(self, inst: Instance, upstream: passthrough.UpstreamResponse) -> None:
+        """`upstream`'s connection broke mid-response: its request counts as one that died with its
+        launch (if the child died of it, the supervisor sees it), from now on, before the client hears."""
+        held = self._held.get(id(upstream))
+        if held is not None:
+            inst.died_with[held[2]] = inst.died_with.get(held[2], 0) + 1
 
     async def chunks(self, inst: Instance, upstream: passthrough.UpstreamResponse) -> AsyncIterator[bytes]:
         """The upstream body as it arrives; a body silent for longer than the idle timeout raises
@@ -311,16 +365,33 @@ class Router:
                                         "(--stream-idle-timeout)")
             yield chunk
 
+    async def prepare(self, name: str, path: str, body: dict, api: str, raw: bytes | None = None
+                      ) -> tuple[bytes, dict]:
+        """The body to forward for a checked request: only the fields `path`'s API defines
+        (daemon/fields.py: unknown ones dropped, a bad value refused with 400), then the daemon's own
+        normalisation (normalise.py: billing header stripped, forced call opened, an output limit on
+        every generating route). `raw`, the client's bytes of `body`, is forwarded as it is when nothing
+        changed. Raises Reject."""
+        try:
+            kept = filter_body(path, body)
+        except BostudioError as exc:
+            raise Reject(error_response(exc, api))
+        cfg = self.sup.config_for(name)
+        changed = normalise(path, kept, (await asyncio.to_thread(model_caps, cfg.path)).template.call_prefill,
+                            output_limit=max(256, await asyncio.to_thread(self.context_of, name) // 4))
+        if changed is None and raw is not None and len(kept) == len(body):
+            return raw, body
+        out = kept if changed is None else changed
+        if raw is not None and len(raw) > (64 << 10):  # a large conversation: serialised off the loop
+            return (await asyncio.to_thread(json.dumps, out)).encode(), out
+        return json.dumps(out).encode(), out
+
     async def forward(self, request: Request, path: str, api: str = "openai") -> Response:
         """The whole pass-through: `path` on the child of the body's model, streamed unbuffered."""
         try:
             raw, body = await self.read_json(request, api)
             name = await self.admit(body, path, api)
-            cfg = self.sup.config_for(name)
-            changed = normalise(path, body, (await asyncio.to_thread(model_caps, cfg.path)).template.call_prefill,
-                                output_limit=max(256, await asyncio.to_thread(self.context_of, name) // 4))
-            if changed is not None:  # billing header stripped, forced call opened, output limited (normalise.py)
-                raw, body = json.dumps(changed).encode(), changed
+            raw, body = await self.prepare(name, path, body, api, raw)
             inst, upstream = await self.open(name, path, raw, api, body, request)
         except Reject as r:
             return r.response
@@ -396,6 +467,8 @@ class Router:
             except httpx.HTTPError as exc:
                 # The child died or stalled mid-response: tell a streaming client at once, in-band.
                 inst.stats.errors += 1
+                if not isinstance(exc, httpx.TimeoutException):
+                    self.broke(inst, upstream)
                 log.warning("%s: response failed mid-stream: %s", inst.name, exc)
                 if streaming:
                     yield in_band_error(api, f"llama-server for {inst.name} failed mid-stream: {exc}")

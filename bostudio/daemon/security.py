@@ -4,6 +4,7 @@ allowlist against DNS rebinding, and no cross-origin browser access."""
 from __future__ import annotations
 
 import hmac
+import re
 import json
 import secrets
 import stat
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from bostudio import paths
 from bostudio.errors import ConfigError, DaemonError
-from bostudio.files import write_atomic
+from bostudio.files import write_private
 from bostudio.runtime.net import is_loopback
 
 TOKEN_BYTES = 32  # 256 bits
@@ -25,7 +26,7 @@ def token_path() -> Path:
 def create_token(path: Path | None = None) -> Path:
     """Write a fresh 256-bit token to a file only the user can read (mode 0600), atomically."""
     path = path or token_path()
-    write_atomic(path, secrets.token_hex(TOKEN_BYTES) + "\n", mode=0o600)
+    write_private(path, secrets.token_hex(TOKEN_BYTES) + "\n")
     return path
 
 
@@ -44,6 +45,15 @@ def read_token(path: Path | None = None) -> str | None:
         raise ConfigError(f"the token file {path} holds no 256-bit token",
                           "make a new one with `bostudio daemon token --new`")
     return token
+
+
+def given_token(headers: dict[bytes, bytes]) -> str | None:
+    """The token a request presents: `Authorization: Bearer TOKEN`, or Anthropic clients' `x-api-key`."""
+    auth = headers.get(b"authorization", b"").decode("latin-1")
+    given = auth[7:].strip() if auth.lower().startswith("bearer ") else None
+    if given is None and b"x-api-key" in headers:
+        given = headers[b"x-api-key"].decode("latin-1").strip()
+    return given
 
 
 def token_matches(given: str | None, expected: str) -> bool:
@@ -71,12 +81,17 @@ def allowed_hosts(bind_host: str, extra: Iterable[str] = ()) -> frozenset[str]:
     return frozenset(names)
 
 
+# RFC 9110 Host: a name or IPv4 address, or an IPv6 address in brackets, then an optional numeric port.
+# Nothing else: no user info ("127.0.0.1:1@evil.com"), nothing after the brackets ("[::1]evil.com"), no
+# name after the port ("localhost:1.evil.com").
+_HOST = re.compile(r"([a-z0-9](?:[a-z0-9.-]*[a-z0-9])?|\[[0-9a-f:.]+\])(?::[0-9]{1,5})?")
+
+
 def host_name(header: str) -> str:
-    """The name part of a Host header: 'a:1' -> 'a', '[::1]:8' -> '[::1]'."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        return header[:header.index("]") + 1] if "]" in header else header
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+    """The name part of a Host header: 'a:1' -> 'a', '[::1]:8' -> '[::1]'; '' when it is not a
+    well-formed Host (which no allowlist holds)."""
+    m = _HOST.fullmatch(header.strip().lower())
+    return m.group(1) if m else ""
 
 
 def origin_allowed(origin: str, hosts: frozenset[str], host: str | None = None) -> bool:
@@ -127,12 +142,7 @@ class SecurityMiddleware:
             return _deny(403, "cross-origin requests are not allowed", "permission_error", path)
         if self.require_token:
             assert self.token is not None
-            auth = headers.get(b"authorization", b"").decode("latin-1")
-            given = auth[7:].strip() if auth.lower().startswith("bearer ") else None
-            if given is None and b"x-api-key" in headers:
-                # Anthropic clients send their key as x-api-key: the same token, another header.
-                given = headers[b"x-api-key"].decode("latin-1").strip()
-            if not token_matches(given, self.token):
+            if not token_matches(given_token(headers), self.token):
                 return _deny(401, "missing or wrong token (send Authorization: Bearer TOKEN, or x-api-key: TOKEN)",
                              "authentication_error", path)
         return None

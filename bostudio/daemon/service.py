@@ -104,7 +104,7 @@ def run_daemon(opts: DaemonOptions) -> int:
     # uvicorn closes a connection idle between requests after the keep-alive timeout.
     config = uvicorn.Config(app, host=opts.host, port=opts.port, log_config=None, access_log=False,
                             lifespan="on", timeout_graceful_shutdown=5, server_header=False,
-                            http=guarded_protocol(opts.limits), timeout_keep_alive=opts.limits.keepalive_timeout)
+                            http=guarded_protocol(opts.limits, token if require_token else None), timeout_keep_alive=opts.limits.keepalive_timeout)
     server = uvicorn.Server(config)
     # uvicorn re-raises the signal that stopped it once it has shut down; a stop we asked for is a
     # clean exit (status 0, state file removed), so that re-raise must find a handler, not the default.

@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 from bostudio.errors import BostudioError
-from bostudio.files import write_atomic
+from bostudio.files import owner_problem, write_atomic
 
 log = logging.getLogger("bostudio.daemon")
 MIN_SAVE_TOKENS = 64  # a shorter prompt is cheaper to recompute than to save and load
@@ -216,7 +216,7 @@ class SlotStore:
         if data is None:
             return
         data["used"] = time.time()
-        write_atomic(self._meta(key.digest), json.dumps(data))
+        write_atomic(self._meta(key.digest), json.dumps(data), mode=0o600)  # it names the saved prompts
 
     def drop_slot(self, key: StateKey, slot: int) -> None:
         (self.root / self.filename(key.digest, slot)).unlink(missing_ok=True)
@@ -256,13 +256,7 @@ class SlotStore:
         return out
 
 
-def _not_yours(st: os.stat_result) -> str | None:
-    """Why a file or dir with this stat is not this user's alone, or None."""
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        return f"belongs to another user (uid {st.st_uid})"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
+_not_yours = owner_problem  # why a file or dir is not this user's alone (the check private dirs take too)
 
 
 def _sidecar_problem(data: object) -> str | None:

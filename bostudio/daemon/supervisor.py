@@ -30,7 +30,7 @@ from bostudio.daemon.state import ChildRecord, instance_log_path
 from bostudio.daemon.stats import InstanceStats
 from bostudio.runtime.metrics import parse_metrics
 from bostudio.engine.discover import Engine, find_engine
-from bostudio.errors import (BostudioError, ModelError, OutOfMemoryError, PlanError, PortInUseError,
+from bostudio.errors import (BostudioError, ModelError, ModelFileError, OutOfMemoryError, PlanError, PortInUseError,
                              RequestError, ServerError)
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware import Device, discover_devices
@@ -55,6 +55,7 @@ STOPPED, LOADING, READY, RESTARTING, FAILED, STOPPING = "stopped", "loading", "r
 RESIDENT_STATES = (LOADING, READY, RESTARTING)
 UPSTREAM_TIMEOUT = httpx.Timeout(10.0, connect=2.0)
 SAVE_TIMEOUT_S = 120.0  # saving slot states before a stop; past it the stop goes on without them
+SETTLE_S = 10.0  # after a child's death, how long its requests may take to notice (hang guard)
 TASK_CANCEL_TIMEOUT_S = 30.0  # a cancelled lifecycle task that does not end in this time is left behind
 
 
@@ -224,6 +225,10 @@ class Instance:
     layout: Layout | None = None  # the running child's slots and KV pool (admission reserves in it)
     admission: Admission = field(default_factory=Admission)  # requests in the KV pool, and those queued
     stop_task: asyncio.Future | None = None  # the stop in progress: a concurrent stop or start waits for it
+    # Per launch (`loads`): requests in flight, counted by the router from their first byte to the child
+    # until they end, and those whose connection broke with the request in it (router._ended).
+    in_flight: dict[int, int] = field(default_factory=dict)
+    died_with: dict[int, int] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -390,11 +395,14 @@ class Supervisor:
     def register(self, model: str, ctx: int | None = None, spec: str | None = None,
                  port: int | None = None, path: Path | None = None, cache_type: str | None = None,
                  workload: str | None = None) -> ModelConfig:
-        """A model named or given by path (control API): its config, updated with what was asked."""
+        """A model named or given by path (control API): its config, updated with what was asked. `path`
+        is what admit_start() returned (called off the event loop); without it, a model given by path
+        goes through the same model-path check (locate), blocking."""
         if path is None and model in self.catalog():
             cfg = self.config_for(model)
         else:
-            path = path or resolve_model(model, log=log.info)
+            path = path or self.locate(model)
+            assert path is not None  # (locate returns None only for a catalog name)
             name = model_name(path)
             known = self.catalog().get(name)
             if known is not None and not _same_file(known, path):
@@ -406,9 +414,7 @@ class Supervisor:
             self.configs[name] = cfg
         if spec is not None:
             parse_spec("auto" if spec == "on" else spec)  # a bad value fails here, before any relaunch
-            if spec.startswith("draft:"):  # a stat and a 4-byte read of a file the policy admits
-                check_spec(spec, self.opts.allow_any_model_path)
-            cfg.spec = spec
+            cfg.spec = spec  # (a draft:PATH was checked by admit_start, off the loop)
         if ctx is not None:
             cfg.ctx = ctx
         if port is not None:
@@ -434,6 +440,8 @@ class Supervisor:
         elif inst.state == FAILED and self._cooled_down(inst):
             log.info("%s: retrying after the failure cool-down", name)
             inst = self.launch(inst.cfg)
+        elif inst.state == FAILED and inst.error and inst.error.get("type") == ModelFileError.__name__:
+            raise ModelFileError(inst.error["message"], inst.error["hint"])  # still the file's fault (422)
         elif inst.state == FAILED:
             raise ServerError(f"model {name} failed: {inst.error['message'] if inst.error else 'unknown'}",
                               f"see GET /bostudio/instances/{name}/log; restart it with POST "
@@ -551,9 +559,10 @@ class Supervisor:
             await self.stop(name, reason="restarting")
         return self.launch(cfg)
 
-    async def set_speculation(self, name: str, mode: str) -> Instance:
-        """Switch speculation on/off/auto (or a specific mode) for `name`; relaunch it if it runs."""
-        cfg = self.register(name, spec=mode)
+    async def set_speculation(self, name: str, mode: str, path: Path | None = None) -> Instance:
+        """Switch speculation on/off/auto (or a specific mode) for `name`; relaunch it if it runs. `path`:
+        what admit_start(name, spec=mode) returned (the same model-path check as a start)."""
+        cfg = self.register(name, spec=mode, path=path)
         inst = self.instances.get(cfg.name)
         if inst is not None and inst.state in RESIDENT_STATES:
             return await self.restart(cfg.name)
@@ -619,6 +628,12 @@ class Supervisor:
                 exc.message += f" (plan: {inst.plan.get('summary', 'unknown')})"
                 self._fail(inst, exc)
                 return
+            except ModelFileError as exc:
+                # The file's own fault: every relaunch would fail the same way. Failed at once (422 to
+                # the requests waiting), no crash counted, no back-off.
+                await self._stop_process(inst)
+                self._fail(inst, exc)
+                return
             except PortInUseError as exc:
                 await self._stop_process(inst)
                 if inst.cfg.port is not None:  # a pinned port that is taken will stay taken
@@ -646,7 +661,16 @@ class Supervisor:
             if await self._lost_worker(inst, code):
                 continue  # relaunch at once, without the dead worker
             lines = tail(inst.log_path, 5)
-            if self._crashed(inst, f"llama-server exited with code {code}: " + (lines[-1] if lines else "")):
+            why = f"llama-server exited with code {code}: " + (lines[-1] if lines else "")
+            self._exited(inst, why)  # new requests wait for the relaunch from here on
+            if await self._requests_it_broke(inst) == 1:
+                # It died of one request: that one was answered 502 and is not sent again; the others
+                # queue for the relaunch. Counted, one client could crash-loop a model for everyone.
+                log.warning("%s: %s, while serving one request (answered 502, not sent again); relaunching, "
+                            "not counted toward the crash loop", inst.name, why)
+                self._set_state(inst, LOADING, reason="relaunching after a request that ended the child")
+                continue
+            if self._crashed(inst, why):
                 return
             await self._backoff(inst)
 
@@ -688,6 +712,26 @@ class Supervisor:
             inst.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
         return False
 
+    def _exited(self, inst: Instance, why: str) -> None:
+        """The child exited on its own: requests from now on wait for the relaunch (a fresh `ready`)."""
+        self.on_children(self.children())
+        self._set_state(inst, RESTARTING, reason=why, crashes=len(inst.crashes.times))
+        if inst.ready is None or inst.ready.done():
+            inst.ready = asyncio.get_running_loop().create_future()
+            inst.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    async def _requests_it_broke(self, inst: Instance) -> int | None:
+        """How many requests the exited child's death broke (router._ended), once every request on its
+        launch has ended: each finds the connection gone at once, so this is quick; None when they did not
+        end within SETTLE_S (a hang guard: then the death is counted as a crash)."""
+        launch = inst.loads
+        deadline = time.monotonic() + SETTLE_S
+        while inst.in_flight.get(launch, 0) > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if inst.in_flight.get(launch, 0) > 0:
+            return None
+        return inst.died_with.get(launch, 0)
+
     async def _backoff(self, inst: Instance) -> None:
         await asyncio.sleep(inst.crashes.backoff())
         self._set_state(inst, LOADING)
@@ -696,8 +740,11 @@ class Supervisor:
         cfg = inst.cfg
         # Probing the engine and reading a large GGUF header take a while: not on the event loop.
         engine = await asyncio.to_thread(lambda: self.engine)
-        info = await asyncio.to_thread(describe, cfg.path)
-        caps = await asyncio.to_thread(model_caps, cfg.path)
+        try:
+            info = await asyncio.to_thread(describe, cfg.path)
+            caps = await asyncio.to_thread(model_caps, cfg.path)
+        except ModelError as exc:  # a broken header, a file gone: the file's fault, not a crash
+            raise ModelFileError(f"{cfg.name}: {exc.message}", exc.hint) from exc
         workload = await asyncio.to_thread(cfg.resolved_workload)
         workers = self.workers_for(cfg.name)
         inst.pool = await asyncio.to_thread(discover_pool, engine, workers) if workers else Pool()
@@ -720,7 +767,10 @@ class Supervisor:
                 raise WorkerLostError(f"{cfg.name} does not fit without the lost rpc worker(s) "
                                       f"{', '.join(inst.lost_workers)}: {exc.message}",
                                       "restart the worker's `bostudio rpc serve`, then restart the model") from exc
-            raise
+            # A plan is a function of the file's header and this machine: planned again it fails again.
+            raise ModelFileError(f"{cfg.name} cannot be planned: {exc.message}", exc.hint) from exc
+        except ModelError as exc:  # the header read again by the planner (a draft's, a split part's)
+            raise ModelFileError(f"{cfg.name}: {exc.message}", exc.hint) from exc
         planned = decision.plan
         speculator = decision.speculator
         inst.break_even, inst.break_even_source = await asyncio.to_thread(
@@ -754,6 +804,8 @@ class Supervisor:
         # The key goes through the environment, not argv (which every local user can read).
         env = {**os.environ, "LLAMA_API_KEY": inst.api_key}
         inst.proc = ServerProcess(argv, inst.port, inst.log_path, api_key=inst.api_key, env=env)
+        inst.in_flight.clear()  # requests of earlier launches ended with them
+        inst.died_with.clear()
         inst.loads += 1
         inst.proc.start()  # on the loop's thread: see the module docstring
         self.on_children(self.children())

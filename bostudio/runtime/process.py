@@ -226,8 +226,9 @@ class ServerProcess:
         with open(self.log_path, "wb") as log:
             # The parent-death signal belongs to the thread that forks: start children from a
             # long-lived thread (the main thread here).
+            # umask 077: what the server writes (saved prompt states: the prompts themselves) is owner-only.
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=_die_with_parent, env=env)
+                                         start_new_session=True, preexec_fn=_die_with_parent, env=env, umask=0o077)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

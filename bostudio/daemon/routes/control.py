@@ -198,7 +198,9 @@ def add_routes(api: APIRouter, sup: Supervisor, options: SupervisorOptions, info
     @api.put("/bostudio/instances/{model:path}/speculation", tags=["control"],
              summary="Switch speculation on/off/auto for a model; relaunches it if it runs")
     async def speculation(model: str, req: SpeculationRequest, wait: bool = True) -> dict:
-        inst = await sup.set_speculation(model, req.mode)
+        # The same model-path and draft-path checks as a start, in a worker (stat, header reads).
+        path = await asyncio.to_thread(sup.admit_start, model, None, req.mode)
+        inst = await sup.set_speculation(model, req.mode, path)
         return await settle(inst, wait and inst.state != "stopped")
 
     @api.get("/bostudio/instances/{model:path}/stats", tags=["control"],
