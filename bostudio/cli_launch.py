@@ -6,6 +6,7 @@ import argparse
 import json
 import shlex
 import shutil
+import sys
 
 from bostudio.agents import AGENTS, BINARIES, PINNED
 
@@ -58,7 +59,7 @@ def split_rest(args: argparse.Namespace) -> tuple[str | None, list[str]]:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from bostudio.agents.run import exec_agent, prepare
+    from bostudio.agents.run import exec_agent, first_turn_note, prepare
     from bostudio.errors import BostudioError
 
     model, user_args = split_rest(args)
@@ -82,5 +83,6 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(shlex.join([cfg.binary, *cfg.args, *user_args]))
         print(f"# not installed? npm install -g {cfg.npm_package}")
         return 0
+    print(first_turn_note(args.agent, inst), file=sys.stderr, flush=True)  # issue33: the slow first turn
     exec_agent(cfg, user_args)
     return 0  # not reached: exec replaces this process

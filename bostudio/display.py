@@ -58,3 +58,30 @@ def human_bytes(n: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def human_duration(seconds: float) -> str:
+    """45.2 -> '45s', 85 -> '1m25s', 3720 -> '1h02m' (rounded to whole seconds, minutes past an hour)."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    m = round(s / 60)
+    return f"{m // 60}h{m % 60:02d}m"
+
+
+def prefill_line(p: dict) -> str:
+    """One prompt in progress (the daemon's instances[].prefill[]) for people:
+    'prefill 4,096/11,712 tokens (35%) at 48 tok/s, ~2m39s left'."""
+    total, done, cached = p.get("total"), int(p.get("done") or 0), int(p.get("cached") or 0)
+    of = f", {cached:,} from cache" if cached else ""
+    if total:
+        head = f"prefill {done:,}/{total:,} tokens ({100 * done / total:.0f}%{of})"
+    else:
+        head = f"prefill {done:,} tokens so far (total unknown{of})"
+    rate, eta = p.get("rate_tok_s"), p.get("eta_s")
+    if rate is None:
+        return f"{head}, time left known after its first batch"
+    head += f" at {rate:.0f} tok/s" + (" (the last prompt's rate)" if p.get("rate_source") == "last request" else "")
+    return head if eta is None else f"{head}, ~{human_duration(eta)} left"
