@@ -175,3 +175,13 @@ def test_launch_says_the_first_turn_is_slow_and_where_to_watch_it(agent: str, in
     for part in parts:
         assert part in note
     assert "\x1b" not in note
+
+
+def test_the_tui_takes_progress_events_into_its_instance_view() -> None:
+    from bostudio.tui.app import Store
+
+    store = Store(instances={"m": {"model": "m", "state": "ready"}})
+    assert store.apply({"type": "progress", "model": "m", "prefill": [LIVE]}) == "m"
+    assert store.instances["m"]["prefill"] == [LIVE] and store.instances["m"]["state"] == "ready"
+    store.apply({"type": "progress", "model": "m", "prefill": []})  # the prompt is in: the line goes
+    assert store.instances["m"]["prefill"] == []
