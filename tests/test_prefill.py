@@ -37,11 +37,14 @@ def test_estimate(total, done, cached, started, changed, now, fallback, rate, so
 
 # ---------------------------------------------------------------------------------------------- tracker
 
-def slot(sid: int, task: int | None, busy: bool, processed: int = 0, cached: int = 0, decoded: int = 0) -> dict:
-    """One element of llama-server's GET /slots (only_metrics), as the pinned build writes it."""
+def slot(sid: int, task: int | None, busy: bool, processed: int = 0, cached: int = 0, decoded: int = 0,
+         batch: int = 0) -> dict:
+    """One element of llama-server's GET /slots (only_metrics), as the pinned build writes it; `batch`: tokens
+    of the batch being decoded (already in n_prompt_tokens)."""
     s = {"id": sid, "n_ctx": 16384, "speculative": False, "is_processing": busy}
     if task is not None:
-        s.update({"id_task": task, "n_prompt_tokens": cached + processed, "n_prompt_tokens_processed": processed,
+        s.update({"id_task": task, "n_prompt_tokens": cached + processed + batch,
+                  "n_prompt_tokens_processed": processed,
                   "n_prompt_tokens_cache": cached, "params": {},
                   "next_token": [{"has_next_token": True, "has_new_line": False, "n_remain": -1,
                                   "n_decoded": decoded}]})
@@ -53,12 +56,12 @@ def test_a_prompt_is_followed_from_its_count_to_its_last_batch() -> None:
     t.observe([slot(0, 3, False), slot(1, None, False)], now=0.0, in_flight=0)  # the load's probe: not ours
     assert t.to_json(0.0) == []
     t.expect(6000, now=10.0)  # admission counted the request's prompt, then sent it
-    t.observe([slot(0, 3, False), slot(1, 9, True)], now=11.0, in_flight=1)  # started, first batch running
+    t.observe([slot(0, 3, False), slot(1, 9, True, batch=2048)], now=11.0, in_flight=1)  # first batch running
     [p] = t.to_json(11.0)
-    assert (p["slot"], p["task"], p["total"], p["done"], p["eta_s"]) == (1, 9, 6000, 0, None)
-    t.observe([slot(0, 3, False), slot(1, 9, True, processed=2048)], now=30.0, in_flight=1)
+    assert (p["slot"], p["task"], p["total"], p["done"], p["in_batch"], p["eta_s"]) == (1, 9, 6000, 0, 2048, None)
+    t.observe([slot(0, 3, False), slot(1, 9, True, processed=2048, batch=2048)], now=30.0, in_flight=1)
     [p] = t.to_json(30.0, fallback_rate=999.0)  # its own rate wins once a batch is done
-    assert (p["done"], p["processed"], p["rate_source"]) == (2048, 2048, "measured")
+    assert (p["done"], p["processed"], p["in_batch"], p["rate_source"]) == (2048, 2048, 2048, "measured")
     assert p["rate_tok_s"] == pytest.approx(2048 / 20) and p["eta_s"] == pytest.approx(3952 / (2048 / 20))
     assert p["fraction"] == pytest.approx(2048 / 6000)
     t.observe([slot(1, 9, True, processed=2048)], now=31.0, in_flight=1)  # no new batch: the countdown runs
@@ -142,13 +145,15 @@ LIVE = {"total": 11712, "done": 4096, "cached": 0, "rate_tok_s": 48.2, "rate_sou
 
 
 @pytest.mark.parametrize("p, text", [
-    (LIVE, "prefill 4,096/11,712 tokens (35%) at 48 tok/s, ~2m38s left"),
-    ({**LIVE, "cached": 1024}, "prefill 4,096/11,712 tokens (35%, 1,024 from cache) at 48 tok/s, ~2m38s left"),
+    (LIVE, "prefill 4,096/11,712 tokens (35%), 48 tok/s, ~2m38s left"),
+    ({**LIVE, "cached": 1024}, "prefill 4,096/11,712 tokens (35%, 1,024 from cache), 48 tok/s, ~2m38s left"),
+    ({**LIVE, "in_batch": 2048}, "prefill 4,096/11,712 tokens (35%), a batch of 2,048 running, 48 tok/s, ~2m38s left"),
     ({**LIVE, "rate_source": "last request"},
-     "prefill 4,096/11,712 tokens (35%) at 48 tok/s (the last prompt's rate), ~2m38s left"),
-    ({**LIVE, "total": None, "eta_s": None}, "prefill 4,096 tokens so far (total unknown) at 48 tok/s"),
-    ({**LIVE, "done": 0, "rate_tok_s": None, "rate_source": None, "eta_s": None},
-     "prefill 0/11,712 tokens (0%), time left known after its first batch"),
+     "prefill 4,096/11,712 tokens (35%), 48 tok/s (the last prompt's rate), ~2m38s left"),
+    ({**LIVE, "eta_s": 0.0}, "prefill 4,096/11,712 tokens (35%), 48 tok/s, ~0s left (slower than estimated)"),
+    ({**LIVE, "total": None, "eta_s": None}, "prefill 4,096 tokens so far (total unknown), 48 tok/s"),
+    ({**LIVE, "done": 0, "rate_tok_s": None, "rate_source": None, "eta_s": None, "in_batch": 2048},
+     "prefill 0/11,712 tokens (0%), a batch of 2,048 running, time left known after its first batch"),
 ])
 def test_prefill_line(p: dict, text: str) -> None:
     assert prefill_line(p) == text
@@ -160,7 +165,7 @@ def test_ps_prints_a_prompt_in_progress_under_its_model(capsys: pytest.CaptureFi
     assert _print_ps([row]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("qwen2.5-coder-1.5b")
-    assert lines[2] == "  prefill 4,096/11,712 tokens (35%) at 48 tok/s, ~2m38s left"
+    assert lines[2] == "  prefill 4,096/11,712 tokens (35%), 48 tok/s, ~2m38s left"
 
 
 @pytest.mark.parametrize("agent, inst, parts", [

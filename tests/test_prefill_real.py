@@ -72,6 +72,7 @@ def test_a_long_prompt_reports_consistent_progress_and_its_final_prefill(daemon:
     for p in seen:
         assert p["total"] == total, p  # admission's count is the prompt llama-server processes
         assert 0 <= p["cached"] <= p["done"] < total and p["processed"] == p["done"] - p["cached"], p
+        assert 0 <= p["in_batch"] <= total - p["done"], p
         assert p["eta_s"] is None or p["eta_s"] >= 0, p
         assert p["rate_tok_s"] is None or p["rate_tok_s"] > 0, p
         assert p["fraction"] == pytest.approx(p["done"] / total)

@@ -66,8 +66,8 @@ def plan(fits: bool = True) -> dict:
 
 
 # A long prompt in progress (issue 33): the daemon's instances[].prefill[], an agent's first turn.
-PREFILL = [{"slot": 0, "task": 7, "total": 11712, "done": 4096, "cached": 512, "processed": 3584, "fraction": 0.35,
-            "rate_tok_s": 48.0, "rate_source": "measured", "eta_s": 158.0, "elapsed_s": 74.7}]
+PREFILL = [{"slot": 0, "task": 7, "total": 11712, "done": 4096, "cached": 512, "processed": 3584, "in_batch": 2048,
+            "fraction": 0.35, "rate_tok_s": 48.0, "rate_source": "measured", "eta_s": 158.0, "elapsed_s": 74.7}]
 
 
 def instance(state: str = "ready", active: bool = True, accept_len: float = 2.4, prefill: bool = False) -> dict:

@@ -4,7 +4,8 @@ prefill rate and the time left (issue 33: on a CPU an agent's first turn prefill
 What llama-server exposes (server-context.cpp, the pinned tree): `GET /slots` is answered while a batch
 decodes (the server yields to its queue for METRICS and SLOT_GET tasks during `llama_process`), and each
 busy slot carries `n_prompt_tokens_cache` (tokens reused from the cache) and `n_prompt_tokens_processed`
-(tokens decoded so far; it grows after each batch of n_batch tokens). It does not carry the prompt's
+(tokens decoded so far; it grows after each batch of n_batch tokens), and `n_prompt_tokens` already
+counts the batch being decoded (tokens join the slot's prompt when the batch is built). It does not carry the prompt's
 total, and a released slot's counts are zeroed. So the total comes from the daemon itself: admission
 counts every generating request's prompt with the child's own template and tokenizer before it is sent
 (`PrefillTracker.expect`), and a new task seen in a slot takes the oldest counted prompt still waiting.
@@ -64,12 +65,13 @@ class LivePrompt:
     done: int = 0
     cached: int = 0
     changed: float = 0.0
+    in_batch: int = 0  # tokens of the batch being decoded now (they count once it is done)
 
     def to_json(self, now: float, fallback_rate: float | None) -> dict:
         total = self.total
         est = estimate(total, self.done, self.cached, self.started, self.changed, now, fallback_rate)
         return {"slot": self.slot, "task": self.task, "total": total, "done": self.done, "cached": self.cached,
-                "processed": self.done - self.cached,
+                "processed": self.done - self.cached, "in_batch": self.in_batch,
                 "fraction": (self.done / total) if total else None,
                 "rate_tok_s": est.rate, "rate_source": est.rate_source, "eta_s": est.eta_s,
                 "elapsed_s": max(0.0, now - self.started)}
@@ -125,6 +127,9 @@ class PrefillTracker:
             if done > prompt.done:
                 prompt.changed = now
             prompt.done, prompt.cached = max(done, prompt.done), cached
+            # n_prompt_tokens counts the tokens put in the batch before it is decoded: a batch in flight
+            held = _int(s.get("n_prompt_tokens")) or 0
+            prompt.in_batch = max(0, min(held, prompt.total or held) - prompt.done)
             live[task] = prompt
         self.seen = newest
         self.live = live
