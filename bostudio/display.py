@@ -83,8 +83,9 @@ def prefill_line(p: dict) -> str:
     if p.get("in_batch"):  # a batch is being decoded: what a CPU works on for minutes at 0%
         head += f", a batch of {int(p['in_batch']):,} running"
     rate, eta = p.get("rate_tok_s"), p.get("eta_s")
-    if rate is None:
-        return f"{head}, time left known after its first batch"
+    if rate is None:  # nothing to estimate by yet: at least show that it is working, and for how long
+        elapsed = f", {human_duration(p['elapsed_s'])} so far" if p.get("elapsed_s") is not None else ""
+        return f"{head}{elapsed}, time left known after its first batch"
     head += f", {rate:.0f} tok/s" + (" (the last prompt's rate)" if p.get("rate_source") == "last request" else "")
     if eta is None:
         return head

@@ -154,6 +154,8 @@ LIVE = {"total": 11712, "done": 4096, "cached": 0, "rate_tok_s": 48.2, "rate_sou
     ({**LIVE, "total": None, "eta_s": None}, "prefill 4,096 tokens so far (total unknown), 48 tok/s"),
     ({**LIVE, "done": 0, "rate_tok_s": None, "rate_source": None, "eta_s": None, "in_batch": 2048},
      "prefill 0/11,712 tokens (0%), a batch of 2,048 running, time left known after its first batch"),
+    ({**LIVE, "done": 0, "rate_tok_s": None, "rate_source": None, "eta_s": None, "in_batch": 2048, "elapsed_s": 95},
+     "prefill 0/11,712 tokens (0%), a batch of 2,048 running, 1m35s so far, time left known after its first batch"),
 ])
 def test_prefill_line(p: dict, text: str) -> None:
     assert prefill_line(p) == text
