@@ -269,6 +269,8 @@ class Instance:
     def prefill_json(self) -> list[dict]:
         """The prompts the child is processing now: tokens done of the total, the rate, the time left
         (before a prompt's first batch is done, estimated from the child's last long prefill)."""
+        if self.state != READY:  # a child that stopped or crashed mid-prompt processes nothing
+            return []
         return self.prefill.to_json(time.monotonic(), self.stats.long_prefill_tok_s)
 
     def retry_json(self) -> dict | None:
@@ -917,7 +919,11 @@ class Supervisor:
                 if slots is None:
                     continue
                 was_live = bool(inst.prefill.live)
-                inst.prefill.observe(slots, time.monotonic(), inst.active)
+                try:
+                    inst.prefill.observe(slots, time.monotonic(), inst.active)
+                except Exception:  # a surprise in one answer must not end progress reports for every model
+                    log.exception("%s: reading prompt progress from /slots failed", inst.name)
+                    continue
                 if inst.prefill.live or was_live:
                     self.bus.publish("progress", model=inst.name, prefill=inst.prefill_json())
 
