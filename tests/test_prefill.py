@@ -204,3 +204,21 @@ def test_an_instance_that_is_not_ready_shows_no_prompt_in_progress(tmp_path) -> 
     assert [p["done"] for p in inst.prefill_json()] == [2048]
     inst.state = RESTARTING  # the child crashed mid-prompt: its report must not linger
     assert inst.prefill_json() == []
+
+
+def test_launch_prints_the_note_on_stderr_before_it_hands_over_to_the_agent(monkeypatch, capsys) -> None:
+    from bostudio.agents import AgentConfig
+    from bostudio.agents import run as agent_run
+    from bostudio.cli import build_parser, parse_args
+    from bostudio.cli_launch import cmd_launch
+
+    order: list[str] = []
+    cfg = AgentConfig("claude", "claude", "@anthropic-ai/claude-code@2.1.332", {})
+    inst = {"model": "m", "ctx": 32768, "stats": {"long_prefill_tok_s": 50.0}}
+    monkeypatch.setattr("shutil.which", lambda name: f"/bin/{name}")
+    monkeypatch.setattr(agent_run, "prepare", lambda *a, **kw: (cfg, inst))
+    monkeypatch.setattr(agent_run, "exec_agent", lambda c, args: order.append(f"exec {args}"))
+    cmd_launch(parse_args(build_parser(), ["launch", "claude", "--", "-p", "hi"]))
+    captured = capsys.readouterr()
+    assert order == ["exec ['-p', 'hi']"] and captured.out == ""  # stdout stays the agent's
+    assert captured.err.strip() == first_turn_note("claude", inst) and "~3m54s" in captured.err
