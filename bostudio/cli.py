@@ -608,11 +608,40 @@ def _fmt(value: object, spec: str = "", none: str = "-") -> str:
 def cmd_ps(args: argparse.Namespace) -> int:
     from bostudio.daemon.client import DaemonClient
 
+    if args.watch:
+        return _watch_ps(args.watch)
     with DaemonClient() as client:
         rows = client.instances()
     if args.json:
         _print_json(rows)
         return 0
+    return _print_ps(rows)
+
+
+def _watch_ps(interval: float) -> int:
+    """`ps --watch`: the table again every `interval` seconds until Ctrl-C (a long prefill, watched from a
+    second terminal beside the agent)."""
+    import time
+
+    from bostudio.daemon.client import DaemonClient
+
+    clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
+    try:
+        with DaemonClient() as client:
+            while True:
+                rows = client.instances()
+                print(clear + time.strftime("%H:%M:%S") + f"  every {interval:g} s, Ctrl-C stops")
+                _print_ps(rows)
+                sys.stdout.flush()
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _print_ps(rows: list[dict]) -> int:
+    """`bostudio ps`'s table: a row per model, then what needs saying about it."""
+    from bostudio.display import escape_terminal, prefill_line
+
     if not rows:
         print("no models loaded (the daemon loads one on the first request that names it)")
         return 0
@@ -625,6 +654,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
               f"{_fmt(r['speculation'])[:14]:14} {_fmt(st.get('decode_tok_s_avg'), '.1f'):>6} "
               f"{'-' if rate is None else format(100 * rate, '.0f') + '%':>6} "
               f"{_fmt(st.get('mean_accepted_length'), '.2f'):>8} {st['requests']:>5} {_prompts(r.get('prompts')):>16}")
+        for p in r.get("prefill") or []:  # issue33: a prompt in progress, its rate and the time left
+            print(f"  {escape_terminal(prefill_line(p))}")
         if r.get("chat_template", {}).get("is_fallback"):  # issue21
             print(f"  chat template: {r['chat_template']['label']}")
         if st.get("tool_calls_rescued"):
@@ -1007,7 +1038,12 @@ def _add_instance_parsers(sub: argparse._SubParsersAction) -> None:
     """ps, stop: the models the daemon runs."""
     p = sub.add_parser("ps", parents=[_json_flag()], help="list the models the daemon runs, with live stats",
                        description="List the daemon's instances: state, pid, port, speculation, decode tok/s, "
-                                   "draft acceptance rate, mean accepted length, requests served.")
+                                   "draft acceptance rate, mean accepted length, requests served; under a model, "
+                                   "each prompt it is processing now (tokens done of the total, the measured "
+                                   "prefill rate, the time left).")
+    p.add_argument("--watch", type=float, nargs="?", const=1.0, default=None, metavar="SECONDS",
+                   help="show the table again every SECONDS (default 1) until Ctrl-C: watch a long prefill "
+                        "from a second terminal")
     p.set_defaults(func=cmd_ps)
     p = sub.add_parser("stop", parents=[_json_flag()], help="stop one model in the daemon",
                        description="Stop MODEL's llama-server (SIGTERM, then SIGKILL to its process group). "

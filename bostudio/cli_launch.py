@@ -60,7 +60,7 @@ def split_rest(args: argparse.Namespace) -> tuple[str | None, list[str]]:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from bostudio.agents.run import exec_agent, prepare
+    from bostudio.agents.run import exec_agent, first_turn_note, prepare
     from bostudio.errors import BostudioError
 
     model, user_args = split_rest(args)
@@ -88,5 +88,6 @@ def cmd_launch(args: argparse.Namespace) -> int:
     for note in cfg.notes:
         if note.startswith("!"):  # a context too small for the agent: say so before it starts
             print(f"bostudio: {note[2:]}", file=sys.stderr)
+    print(first_turn_note(args.agent, inst), file=sys.stderr, flush=True)  # the slow first turn, and where to watch it
     exec_agent(cfg, user_args)
     return 0  # not reached: exec replaces this process

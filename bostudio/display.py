@@ -96,3 +96,35 @@ class Progress:
         if self.tty:
             self.out.write("\n")
             self.out.flush()
+
+
+def human_duration(seconds: float) -> str:
+    """45.2 -> '45s', 85 -> '1m25s', 3720 -> '1h02m' (rounded to whole seconds, minutes past an hour)."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    m = round(s / 60)
+    return f"{m // 60}h{m % 60:02d}m"
+
+
+def prefill_line(p: dict) -> str:
+    """One prompt in progress (the daemon's instances[].prefill[]) for people:
+    'prefill 4,096/11,712 tokens (35%), a batch of 2,048 running, 48 tok/s, ~2m39s left'."""
+    total, done, cached = p.get("total"), int(p.get("done") or 0), int(p.get("cached") or 0)
+    of = f", {cached:,} from cache" if cached else ""
+    if total:
+        head = f"prefill {done:,}/{total:,} tokens ({100 * done / total:.0f}%{of})"
+    else:
+        head = f"prefill {done:,} tokens so far (total unknown{of})"
+    if p.get("in_batch"):  # a batch is being decoded: what a CPU works on for minutes at 0%
+        head += f", a batch of {int(p['in_batch']):,} running"
+    rate, eta = p.get("rate_tok_s"), p.get("eta_s")
+    if rate is None:  # nothing to estimate by yet: at least show that it is working, and for how long
+        elapsed = f", {human_duration(p['elapsed_s'])} so far" if p.get("elapsed_s") is not None else ""
+        return f"{head}{elapsed}, time left known after its first batch"
+    head += f", {rate:.0f} tok/s" + (" (the last prompt's rate)" if p.get("rate_source") == "last request" else "")
+    if eta is None:
+        return head
+    return f"{head}, " + (f"~{human_duration(eta)} left" if eta >= 1 else "~0s left (slower than estimated)")

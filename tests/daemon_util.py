@@ -81,6 +81,22 @@ class DaemonProc:
             return self.proc.wait(30)
 
 
+def agent_prefix(n_sections: int = 85) -> str:
+    """A stable agent-like prefix (instructions and tool schemas): ~52 Gemma tokens per section."""
+    return "You are a coding agent. Tools follow.\n" + "".join(
+        f"Tool {i}: read_file_{i}(path: str, offset: int = {i}) returns the text of section {i} of a file; "
+        f"use it before editing, never guess contents of part {i * 7}.\n" for i in range(n_sections))
+
+
+def models_dir(root: Path, *ggufs: Path) -> Path:
+    """root/models holding a link to each GGUF (a daemon's model dir)."""
+    models = root / "models"
+    models.mkdir()
+    for gguf in ggufs:
+        (models / gguf.name).symlink_to(gguf)
+    return models
+
+
 def daemon_env(root: Path, models: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(XDG_STATE_HOME=str(root / "state"), XDG_CONFIG_HOME=str(root / "config"),

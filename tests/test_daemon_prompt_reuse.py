@@ -12,18 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_util import DaemonProc
+from tests.daemon_util import DaemonProc, agent_prefix
 
 GEMMA = "gemma-3-270m-q4_k_m"
 CTX = 8192
 PREFIX_TOKENS = 4000
-
-
-def agent_prefix(n_sections: int = 85) -> str:
-    """A stable agent-like prefix (instructions and tool schemas): ~52 Gemma tokens per section."""
-    return "You are a coding agent. Tools follow.\n" + "".join(
-        f"Tool {i}: read_file_{i}(path: str, offset: int = {i}) returns the text of section {i} of a file; "
-        f"use it before editing, never guess contents of part {i * 7}.\n" for i in range(n_sections))
 
 
 def turn(d: DaemonProc, prefix: str, question: str) -> dict:

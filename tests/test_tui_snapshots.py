@@ -29,11 +29,12 @@ def fixed_app() -> BostudioApp:
     return app
 
 
-def show(mode: str, fits: bool = True, hostile: bool = False, bench: bool = False, inactive: bool = False):
+def show(mode: str, fits: bool = True, hostile: bool = False, bench: bool = False, inactive: bool = False,
+         prefill: bool = False):
     async def run_before(pilot) -> None:  # type: ignore[no-untyped-def]
         app = pilot.app
-        if inactive:
-            app.store.instances = {"gemma-3-270m-q4_k_m": fx.instance(active=False)}
+        if inactive or prefill:
+            app.store.instances = {"gemma-3-270m-q4_k_m": fx.instance(active=not inactive, prefill=prefill)}
         await app.switch_mode(mode)
         await pilot.pause()
         screen = app.screen
@@ -58,6 +59,7 @@ def show(mode: str, fits: bool = True, hostile: bool = False, bench: bool = Fals
 
 CASES = [("devices", {}), ("models", {}), ("models-hostile", {"hostile": True}), ("plan", {}),
          ("plan-no-fit", {"fits": False}), ("running", {}), ("running-inactive", {"inactive": True}),
+         ("running-prefill", {"prefill": True}),
          ("bench-unavailable", {}), ("bench-chart", {"bench": True})]
 
 

@@ -65,8 +65,13 @@ def plan(fits: bool = True) -> dict:
                  "bytes": 11 * GIB}]}
 
 
-def instance(state: str = "ready", active: bool = True, accept_len: float = 2.4) -> dict:
-    return {"model": "gemma-3-270m-q4_k_m", "path": "/models/gemma-3-270m-q4_k_m.gguf", "state": state,
+# A long prompt in progress (issue 33): the daemon's instances[].prefill[], an agent's first turn.
+PREFILL = [{"slot": 0, "task": 7, "total": 11712, "done": 4096, "cached": 512, "processed": 3584, "in_batch": 2048,
+            "fraction": 0.35, "rate_tok_s": 48.0, "rate_source": "measured", "eta_s": 158.0, "elapsed_s": 74.7}]
+
+
+def instance(state: str = "ready", active: bool = True, accept_len: float = 2.4, prefill: bool = False) -> dict:
+    inst = {"model": "gemma-3-270m-q4_k_m", "path": "/models/gemma-3-270m-q4_k_m.gguf", "state": state,
             "pid": 4242, "port": 40001, "ctx": 4096, "cache_type": "f16", "spec_mode": "auto",
             "speculation": "ngram-mod", "speculation_reason": "auto: ngram-mod",
             "spec_status": {"active": active, "detail": "active: the probe drafted 46 tokens, 46 accepted (100%)"
@@ -77,6 +82,7 @@ def instance(state: str = "ready", active: bool = True, accept_len: float = 2.4)
                       "decode_tok_s_avg": 58.0, "prompt_tok_s": 300.0, "draft_tokens": 100, "draft_accepted": 70,
                       "acceptance_rate": 0.7, "mean_accepted_length": accept_len},
             "log": "/state/logs/instances/gemma-3-270m-q4_k_m.log"}
+    return {**inst, "prefill": PREFILL, "active_requests": 1} if prefill else inst
 
 
 STATS_HISTORY = [  # cumulative snapshots, as the daemon publishes them after requests

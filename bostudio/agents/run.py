@@ -11,10 +11,15 @@ from pathlib import Path
 from bostudio import paths
 from bostudio.agents import AgentConfig, AgentTarget, configure, max_output_for
 from bostudio.catalog.embedded import DEFAULT_NAME
+from bostudio.display import escape_terminal, human_duration
 from bostudio.errors import BostudioError
 from bostudio.files import write_private
 
 DEFAULT_MODEL = DEFAULT_NAME  # the embedded default (bostudio.catalog.embedded)
+# The prompt of an agent's first request (system prompt and tool definitions), where it was measured: Claude
+# Code 2.1.332's was 11,712 tokens on Qwen2.5's tokenizer (issue 33). Others: not measured yet.
+FIRST_TURN_TOKENS = {"claude": 11_712}
+AGENT_NAMES = {"claude": "Claude Code", "codex": "Codex", "opencode": "opencode"}
 
 
 def agent_config_dir() -> Path:
@@ -50,6 +55,26 @@ def prepare(agent: str, model: str | None, ctx: int | None = None, host: str = "
     return configure(agent, target, agent_config_dir()), inst
 
 
+def first_turn_note(agent: str, inst: dict) -> str:
+    """What `launch` tells the user before it hands the terminal to the agent: the first request is a long
+    prompt that takes a while on a CPU (estimated from the model's last long prefill when there is one),
+    later ones reuse its cached prefix, and where to watch the progress (issue 33)."""
+    name = AGENT_NAMES.get(agent, agent)
+    tokens = FIRST_TURN_TOKENS.get(agent)
+    size = f"about {tokens / 1000:.0f}k tokens" if tokens else "thousands of tokens"
+    rate = (inst.get("stats") or {}).get("long_prefill_tok_s")
+    if rate and tokens:
+        took = f"at the {rate:.0f} tok/s {inst['model']} last processed a prompt, that is ~{human_duration(tokens / rate)}"
+    else:
+        took = "on a CPU that can take minutes"
+    restored = int((inst.get("prompts") or {}).get("restored_tokens") or 0)
+    reuse = f" ({restored:,} prompt tokens restored from an earlier session are reused where they match)" \
+        if restored else ""
+    return escape_terminal(f"bostudio: {name}'s first request is a long prompt ({size}: its instructions and tools); {took} "
+            f"before the first answer{reuse}. Later turns reuse the processed prefix. Watch the progress from "
+            f"another terminal: `bostudio ps --watch` (or the TUI, `bostudio`, F4).")
+
+
 def write_files(cfg: AgentConfig) -> None:
     for name, content in cfg.files.items():
         write_private(Path(name), content)  # they hold the daemon's token: 0600, even over a 0644 file
@@ -71,4 +96,5 @@ def exec_agent(cfg: AgentConfig, user_args: list[str]) -> None:
     os.execvpe(binary, [binary, *cfg.args, *user_args], {**os.environ, **cfg.env})
 
 
-__all__ = ["prepare", "write_files", "exec_agent", "find_binary", "agent_config_dir", "DEFAULT_MODEL"]
+__all__ = ["prepare", "write_files", "exec_agent", "find_binary", "agent_config_dir", "first_turn_note",
+           "DEFAULT_MODEL"]

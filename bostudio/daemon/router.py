@@ -330,6 +330,7 @@ class Router:
                                              f"{layout.pool_ctx} tokens, and this one ({tokens} tokens with its "
                                              f"output) waited {self.queue_timeout:g} s", "unavailable_error",
                                    "send it again later, or set a smaller max_tokens so requests can share the pool"))
+        inst.prefill.expect(prompt, time.monotonic())  # the total of its prompt progress (daemon/prefill.py)
         return tokens
 
     def release(self, inst: Instance, upstream: passthrough.UpstreamResponse | None = None) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+MIN_RATE_PROMPT = 256  # prompt tokens below which a prefill rate is mostly overhead, no guide for a long prompt
+
 
 def timings_from_body(body: bytes) -> dict | None:
     """`timings` of a non-streamed completion body, if any."""
@@ -41,6 +43,8 @@ class InstanceStats:
     acceptance_rate: float | None = None  # accepted / drafted
     mean_accepted_length: float | None = None  # 1 + accepted / drafts (from /metrics)
     tool_calls_rescued: int = 0  # answers written as a fenced JSON call, sent as calls (toolrescue.py)
+    last_prefill: dict | None = None  # the last request's prompt: total, cached, processed, seconds, rate
+    long_prefill_tok_s: float | None = None  # the rate of the last prompt of MIN_RATE_PROMPT tokens or more
     _decode_ms: float = 0.0
     _decode_n: int = 0
 
@@ -52,6 +56,13 @@ class InstanceStats:
             self.decode_tok_s = float(t["predicted_per_second"])
         if t.get("prompt_per_second"):
             self.prompt_tok_s = float(t["prompt_per_second"])
+        if isinstance(t.get("prompt_n"), int):
+            cached, processed = int(t.get("cache_n") or 0), int(t["prompt_n"])
+            self.last_prefill = {"total": cached + processed, "cached": cached, "processed": processed,
+                                 "seconds": float(t.get("prompt_ms") or 0.0) / 1000.0,
+                                 "rate_tok_s": float(t["prompt_per_second"]) if t.get("prompt_per_second") else None}
+            if processed >= MIN_RATE_PROMPT and self.last_prefill["rate_tok_s"]:
+                self.long_prefill_tok_s = self.last_prefill["rate_tok_s"]
         if n > 1 and ms > 0:
             self._decode_n += n - 1  # the first token comes free with the prompt (reference 2.3)
             self._decode_ms += ms

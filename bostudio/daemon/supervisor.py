@@ -24,6 +24,7 @@ from bostudio.catalog.resolve import looks_like_path, model_name, resolve_model
 from bostudio.daemon import policy
 from bostudio.daemon.capabilities import ModelCaps, model_caps
 from bostudio.daemon.modelpaths import check_model_path, check_spec
+from bostudio.daemon.prefill import PrefillTracker
 from bostudio.daemon.slots import SlotStore, StateKey, restore_slots, save_slots, state_key
 from bostudio.daemon.events import EventBus
 from bostudio.daemon.state import ChildRecord, instance_log_path
@@ -54,6 +55,8 @@ log = logging.getLogger("bostudio.daemon")
 STOPPED, LOADING, READY, RESTARTING, FAILED, STOPPING = "stopped", "loading", "ready", "restarting", "failed", "stopping"
 RESIDENT_STATES = (LOADING, READY, RESTARTING)
 UPSTREAM_TIMEOUT = httpx.Timeout(10.0, connect=2.0)
+PROGRESS_POLL_S = 1.0  # how often a busy child's /slots is read for prompt progress (answered mid-batch)
+PROGRESS_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
 SAVE_TIMEOUT_S = 120.0  # saving slot states before a stop; past it the stop goes on without them
 SETTLE_S = 10.0  # after a child's death, how long its requests may take to notice (hang guard)
 TASK_CANCEL_TIMEOUT_S = 30.0  # a cancelled lifecycle task that does not end in this time is left behind
@@ -229,6 +232,7 @@ class Instance:
     # until they end, and those whose connection broke with the request in it (router._ended).
     in_flight: dict[int, int] = field(default_factory=dict)
     died_with: dict[int, int] = field(default_factory=dict)
+    prefill: PrefillTracker = field(default_factory=PrefillTracker)  # the prompts the child is processing now
 
     @property
     def name(self) -> str:
@@ -259,12 +263,20 @@ class Instance:
             "auto_off": ({"workload": self.cfg.auto_off, "reason": self.cfg.auto_off_reason}
                          if self.cfg.auto_off else None),
             "admission": self.admission.to_json(),  # KV tokens reserved by requests in flight, and those queued
+            "prefill": self.prefill_json(),  # issue33: the prompts in progress, their rate and time left
             "draft_length": ({"n_max": draft_length(self.speculator), "adapted": self.cfg.draft_len is not None,
                               "reason": self.cfg.draft_len_reason, "advice": self.draft_advice}
                              if self.speculator is not None and draft_length(self.speculator) is not None else None),
             "rpc": {"workers": self.pool.rpc, "lost": list(self.lost_workers),
                     "problems": list(self.pool.problems)} if self.pool.probes or self.lost_workers else None,
         }
+
+    def prefill_json(self) -> list[dict]:
+        """The prompts the child is processing now: tokens done of the total, the rate, the time left
+        (before a prompt's first batch is done, estimated from the child's last long prefill)."""
+        if self.state != READY:  # a child that stopped or crashed mid-prompt processes nothing
+            return []
+        return self.prefill.to_json(time.monotonic(), self.stats.long_prefill_tok_s)
 
     def retry_json(self) -> dict | None:
         """When a failed model is tried again: on the next request after the cool-down, or now on an
@@ -575,7 +587,8 @@ class Supervisor:
                                if i.state in RESIDENT_STATES + (STOPPING,)), return_exceptions=True)
 
     def start_background(self) -> None:
-        self._background = [asyncio.create_task(self._idle_loop()), asyncio.create_task(self._stats_loop())]
+        self._background = [asyncio.create_task(self._idle_loop()), asyncio.create_task(self._stats_loop()),
+                            asyncio.create_task(self._progress_loop())]
 
     def children(self) -> list[ChildRecord]:
         out = []
@@ -824,6 +837,7 @@ class Supervisor:
         inst.spec_base = (inst.stats.draft_tokens, inst.stats.draft_accepted, inst.stats.requests)
         inst.spec_check = None
         inst.draft_advice = None
+        inst.prefill = PrefillTracker()  # the new child numbers its tasks from zero
         inst.stats.mean_accepted_length = None  # the new child's /metrics start from zero
         await self._restore_prompts(inst)
         inst.ready_since = time.monotonic()
@@ -939,6 +953,31 @@ class Supervisor:
             for inst in list(self.instances.values()):
                 if inst.state == READY:
                     await self._check_speculation(inst)
+
+    async def _progress_loop(self) -> None:
+        """While a child has requests in flight, read its /slots for the prompts in progress (issue 33) and
+        publish them; once more when they end, so a watcher sees the prefill finish."""
+        while True:
+            await asyncio.sleep(PROGRESS_POLL_S)
+            for inst in list(self.instances.values()):
+                busy = inst.active > 0 or bool(inst.prefill.jobs) or bool(inst.prefill.live)
+                if inst.state != READY or inst.http is None or not busy:
+                    continue
+                try:
+                    r = await inst.http.get("/slots", timeout=PROGRESS_TIMEOUT)
+                    slots = r.json() if r.status_code == 200 else None
+                except (httpx.HTTPError, ValueError):
+                    continue
+                if slots is None:
+                    continue
+                was_live = bool(inst.prefill.live)
+                try:
+                    inst.prefill.observe(slots, time.monotonic(), inst.active)
+                except Exception:  # a surprise in one answer must not end progress reports for every model
+                    log.exception("%s: reading prompt progress from /slots failed", inst.name)
+                    continue
+                if inst.prefill.live or was_live:
+                    self.bus.publish("progress", model=inst.name, prefill=inst.prefill_json())
 
     async def _adapt_draft_length(self, inst: Instance, verdict: policy.SpecVerdict) -> bool:
         """Under auto: move the draft length with the acceptance (policy.adapt_draft_length). The pinned

@@ -19,6 +19,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Input, Log, Sparkline, Static
 
 from bostudio.errors import BostudioError
+from bostudio.display import prefill_line
 from bostudio.tui.format import markup, pct, plain, safe, size, speculation_banner
 from bostudio.tui.widgets import Banner, KeyFooter, MemoryBar
 
@@ -599,6 +600,8 @@ class RunningScreen(BaseScreen):
                  + (f" in {inst['ready_s']:.1f} s" if inst.get("state") == "ready" and inst.get("ready_s") else "")
                  + f", memory {size(plan.get('bytes'))} planned (ctx {inst.get('ctx')}, KV {safe(inst.get('cache_type', 'f16'))})",
                  f"speculation {safe(inst.get('speculation') or '-')}: {safe(status.get('detail', 'not verified yet'))}"]
+        for p in inst.get("prefill") or []:  # issue33: a long prompt in progress, its rate and the time left
+            lines.append(f"[b yellow]{safe(prefill_line(p))}[/]")
         if (inst.get("chat_template") or {}).get("label"):  # issue21: which template, fallback or not
             lines.append(f"chat template {safe(inst['chat_template']['label'])}")
         if inst.get("error"):
