@@ -389,6 +389,8 @@ def cmd_pair(args: argparse.Namespace) -> int:
         state = "chosen" if i == sel.chosen else ("usable" if c.usable else "passed over")
         out(f"  {mark} {c.label:<40} {_mib(c.memory_bytes):>10}  {state}: {c.why}")
         out(f"      from {c.origin}" + (f"; note: {c.note}" if c.note else ""))
+        if c.step is not None:
+            out(f"      cost: {c.cost_text()}")
         if c.hub:
             out(f"      hub ref {c.hub}" + (f"; source: {c.evidence}" if c.evidence else ""))
     if report.tables:
