@@ -617,6 +617,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
     for r in rows:  # speculation that does not pay on this workload (the daemon's break-even check)
         if r.get("spec_flagged"):
             print(f"  ! {r['model']}: {r['spec_check']['detail']} (break-even from {r['break_even_source']})")
+        for refused in (r.get("tune_refused") or [])[:3]:
+            print(f"  - {r['model']}: tune refused {refused['label']} ({refused['lost']}): {refused['why']}")
         if r.get("auto_off"):
             print(f"  ! {r['model']}: auto switched speculation for workload {r['auto_off']['workload']!r}: "
                   f"{r['auto_off']['reason']}")

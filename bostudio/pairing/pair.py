@@ -158,7 +158,11 @@ def _from_profile(target: ModelInfo, engine: Engine, workload: str,
     measured = (f"; measured {p.chosen.tok_s:.1f} tok/s vs {p.baseline_tok_s:.1f} off"
                 if p.chosen else f"; off measured {p.baseline_tok_s:.1f} tok/s")
     sp = replace(sp, reason=f"auto: profile for workload {workload!r} ({found.path}): {p.why}{measured}")
-    return Selection(sp, (Considered(sp.label, f"profile {found.path.name}", True, sp.reason, sp),), 0), ""
+    origin = f"profile {found.path.name}"
+    refused = tuple(Considered(m.label, origin, False, f"tune refused it ({m.lost_text(p.chosen)}; interval from "
+                                                       f"{m.speedup_low:.2f}x over {m.samples} pair(s)): {m.refused}")
+                    for m in p.refused())
+    return Selection(sp, (Considered(sp.label, origin, True, sp.reason, sp),) + refused, 0), ""
 
 
 # ------------------------------------------------------------------------------------------------ self-draft
