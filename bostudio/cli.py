@@ -275,8 +275,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     argv = decision.argv(port=args.port, alias=model_name(model.path))
     for problem in problems:
         print(f"note: {problem}", file=sys.stderr)
+    step = _draft_step(inputs)
     if args.json:
         _print_json(dict(plan_json(p), speculation=speculator.label, reason=speculator.reason,
+                         draft_step=step[0].to_json() if step else None,
+                         draft_break_even=step[1] if step else None,
                          draft=str(speculator.draft) if speculator.draft else None, workload=workload,
                          ctx=decision.ctx, layout=decision.layout.to_json(), argv=argv, fits=refused is None,
                          not_fit_reason=refused or "", chat_template=decision.template_json()))
@@ -285,12 +288,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         terminal_print(render_plan(p))  # file names and GGUF strings inside: never raw to the terminal
         terminal_print(f"speculator: {speculator.label} ({speculator.reason})")
+        if step:
+            pays = "never pays" if step[1] is None else f"pays above {100 * step[1]:.0f}% acceptance"
+            terminal_print(f"draft step: {step[0].text()}; {pays} at n_max {step[2]}"
+                           + (f", p_min {speculator.p_min:g}" if speculator.p_min is not None else ""))
         terminal_print(f"slots: {decision.layout.line()}")
         terminal_print(f"chat template: {decision.template_label()}")
         if refused is not None:
             terminal_print(f"does not launch: {refused}")
         terminal_print("runs: " + " ".join(_quote(a) for a in argv))
     return 0 if refused is None else 1
+
+
+def _draft_step(inputs):  # type: ignore[no-untyped-def]
+    """(a draft model's step cost on the plan's devices, its break-even acceptance, n_max), or None."""
+    from bostudio.pairing.cost import draft_step_cost
+    from bostudio.speculation import DRAFT_N_MAX
+
+    sp = inputs.speculator
+    if sp.kind != "draft" or inputs.draft is None:
+        return None
+    step = draft_step_cost(inputs.info, inputs.draft, inputs.devices)
+    n = sp.n_max or DRAFT_N_MAX
+    return step, step.break_even(n), n
 
 
 def _quote(arg: str) -> str:

@@ -12,8 +12,8 @@ from bostudio.engine.discover import KNOWN_SPEC_TYPES
 from bostudio.gguf import describe
 from bostudio.hardware.device import Device
 from bostudio.pairing.compat import check_compatibility
-from bostudio.pairing.cost import (MAX_STEP_COST, draft_break_even, draft_step_cost, expected_tokens,
-                                   weight_bytes_per_token)
+from bostudio.pairing.cost import (CPU_VERIFY_PER_TOKEN, MAX_STEP_COST, best_draft_length, draft_break_even,
+                                   draft_step_cost, expected_tokens, weight_bytes_per_token)
 from bostudio.pairing.select import DraftFile, select
 from bostudio.pairing.table import PairingTable, load_table_file, shipped_table_path
 from bostudio.speculation import SpecRequest
@@ -55,7 +55,10 @@ def test_step_cost_is_the_ratio_of_bytes_read_on_one_device() -> None:
     target, draft = _info("/t.gguf", 8 * GB, GB, GB, 9), _info("/d.gguf", 2 * GB, GB, GB, 3)
     c = draft_step_cost(target, draft)
     assert c.ratio == pytest.approx(3 / 9) and not c.bandwidth_known and c.draft_device == "CPU"
-    assert "0.33 of a target step" in c.text()
+    assert "0.33 of a target step" in c.text() and "verifying adds 0.35" in c.text()
+    # on a CPU every drafted token adds to the verification batch; it is in the break-even
+    assert c.verify(4) == pytest.approx(1 + 4 * CPU_VERIFY_PER_TOKEN)
+    assert c.break_even(4) == pytest.approx(draft_break_even(3 / 9, 4, c.verify(4)))
 
 
 def test_step_cost_reads_the_bandwidth_of_the_device_each_runs_on() -> None:
@@ -66,6 +69,20 @@ def test_step_cost_reads_the_bandwidth_of_the_device_each_runs_on() -> None:
     # the target's bytes: a third at 360 GB/s, two thirds at 1000 GB/s; the draft's all at 1000 GB/s
     t_time = 9 * GB * (1 / 3 / 360 + 2 / 3 / 1000)
     assert c.ratio == pytest.approx(3 * GB / 1000 / t_time)
+    assert c.verify(8) == 1.0  # a GPU verifies a short batch for the price of one step
+
+
+def test_the_draft_length_is_planned_for_the_device() -> None:
+    target, draft = _info("/t.gguf", 8 * GB, GB, GB, 9), _info("/d.gguf", 2 * GB, GB // 2, GB // 2, 3)
+    cpu = draft_step_cost(target, draft)
+    on_gpu = draft_step_cost(target, draft, (gpu("24 GB", 24, 1000.0, 0),))
+    assert cpu.ratio == on_gpu.ratio
+    n_cpu, n_gpu = best_draft_length(cpu), best_draft_length(on_gpu)
+    assert n_cpu < n_gpu and n_cpu == 1 and 2 <= n_gpu <= 4
+    # the planned length is the best at the planned acceptance: one more or one less commits less per step
+    for step, n in ((cpu, n_cpu), (on_gpu, n_gpu)):
+        rate = [expected_tokens(0.8, k) / (k * step.ratio + step.verify(k)) for k in (n - 1, n, n + 1) if k >= 1]
+        assert max(rate) == rate[-2] or (n == 1 and max(rate) == rate[0])
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 8, 16])
@@ -106,8 +123,9 @@ def test_a_compatible_model_with_a_third_of_the_params_is_a_candidate_with_its_c
     c = sel.considered[0]
     assert c.origin == "auto-detected" and c.usable and sel.speculator.draft == third.path
     assert c.step is not None and c.step.ratio == pytest.approx(1 / 3)
-    assert c.break_even == pytest.approx(draft_break_even(1 / 3, 8))
-    assert "pays above" in c.cost_text() and "at n_max 8" in c.cost_text()
+    n = best_draft_length(c.step)
+    assert sel.speculator.n_max == n and c.break_even == pytest.approx(c.step.break_even(n))
+    assert "pays above" in c.cost_text() and f"at n_max {n}" in c.cost_text()
     assert c.to_json()["break_even_acceptance"] == pytest.approx(c.break_even, abs=1e-4)
 
 
@@ -149,24 +167,73 @@ def test_real_pair_costs_and_break_even(qwen) -> None:
     c = draft_step_cost(target, draft)
     # 1.5B: 789 MB of blocks + 191 MB output; 0.5B: 247 MB + 145 MB: 0.40 of a step, not its 35% of parameters
     assert 0.38 < c.ratio < 0.42 and c.draft_bytes == weight_bytes_per_token(draft)
+    # the bound of memory alone (verification for the price of one step): 79% at n_max 8, 61% at 3
     assert 0.77 < draft_break_even(c.ratio, 8) < 0.81  # type: ignore[operator]
     assert 0.58 < draft_break_even(c.ratio, 3) < 0.63  # type: ignore[operator]
+    # on a CPU core, where each drafted token adds 0.35 of a step to verification: 94% at 8, 75% at 1
+    assert 0.93 < c.break_even(8) < 0.94 and 0.74 < c.break_even(1) < 0.76  # type: ignore[operator]
+    assert best_draft_length(c) == 1
 
 
 def test_real_pair_is_found_without_a_table_entry(qwen) -> None:
     target, draft = (describe(p) for p in qwen)
     sel = select(target, PairingTable(), SpecRequest("auto"), engine_spec_types=KNOWN_SPEC_TYPES,
                  drafts=_drafts(target, draft))
+    c = sel.considered[0]
+    assert c.origin == "auto-detected" and "same tokenizer fingerprint" in c.note and c.draft == draft
+    # on this CPU it is listed with its cost and passed over for its break-even: tune measures it
+    assert not c.usable and "pays only above 75% acceptance at n_max 1" in c.why
+    assert "verifying adds 0.35" in c.why and c.break_even is not None
+
+
+def test_real_pair_on_a_gpu_is_chosen_with_a_longer_draft(qwen) -> None:
+    target, draft = (describe(p) for p in qwen)
+    devices = (gpu("24 GB", 24, 936.0, 0), Device("cpu", "cpu", "host", total_bytes=64 * 2**30))
+    sel = select(target, PairingTable(), SpecRequest("auto"), engine_spec_types=KNOWN_SPEC_TYPES,
+                 drafts=_drafts(target, draft), step_cost=lambda t, d: draft_step_cost(t, d, devices))
     assert sel.speculator.kind == "draft" and sel.speculator.draft == draft.path
     c = sel.considered[sel.chosen]  # type: ignore[index]
-    assert c.origin == "auto-detected" and "same tokenizer fingerprint" in c.note
-    assert c.break_even is not None and "pays above" in c.cost_text()
+    assert sel.speculator.n_max == 2 and c.break_even is not None and c.break_even < 0.6  # type: ignore[operator]
 
 
 def test_real_pair_from_the_shipped_table_entry(qwen) -> None:
     target, draft = (describe(p) for p in qwen)
     sel = select(target, load_table_file(shipped_table_path()), SpecRequest("auto"),
                  engine_spec_types=KNOWN_SPEC_TYPES, drafts=_drafts(target, draft))
-    c = sel.considered[sel.chosen]  # type: ignore[index]
-    assert c.origin.startswith("table entry 'qwen2.5-coder'") and sel.speculator.draft == draft.path
+    c = sel.considered[0]
+    assert c.origin.startswith("table entry 'qwen2.5-coder'") and c.draft == draft
     assert c.step is not None and c.hub.startswith("ggml-org/Qwen2.5-Coder-0.5B")
+    # found by name, not fetched; on a CPU passed over for its break-even, so n-gram speculation runs
+    assert not c.fetch and not c.usable and sel.speculator.kind == "ngram"
+    assert [x.origin for x in sel.considered].count("auto-detected") == 0  # listed once, not again by auto
+
+
+# ------------------------------------------------------------------ the draft on a GPU, planned
+
+def test_plan_puts_the_draft_on_the_fastest_gpu_and_spreads_the_target(qwen, tmp_path: Path, capsys) -> None:
+    import json
+
+    from bostudio.cli import main
+
+    f = tmp_path / "devices.json"
+    f.write_text(json.dumps([
+        {"vendor": "nvidia", "backend": "cuda", "name": "RTX 3060 12GB", "index": 0, "total_gib": 12,
+         "bandwidth_gbs": 360.0},
+        {"vendor": "nvidia", "backend": "cuda", "name": "RTX 3090 24GB", "index": 1, "total_gib": 24,
+         "bandwidth_gbs": 936.0},
+        {"vendor": "cpu", "backend": "cpu", "name": "host", "total_gib": 64}]))
+    target, draft = qwen
+    assert main(["plan", str(target), "--spec", f"draft:{draft}", "--devices-file", str(f), "--ctx", "32768",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    spec = out["with_speculation"]
+    assert out["chosen"] == "draft" and spec["fits"]
+    assert spec["draft_device"] == "nvidia1"  # the 24 GB card has the bandwidth: the draft runs there
+    assert {s["device"] for s in spec["split"] if s["layers"] > 0} == {"nvidia0", "nvidia1"}  # the target spread
+    kv = [u for u in spec["uses"] if u["component"] == "draft KV cache"]
+    assert [u["device"] for u in kv] == ["nvidia1"] and kv[0]["bytes"] > 0
+    assert out["spec_cost_tokens"] > 0  # the draft's memory priced in tokens of the target's context
+    assert "-devd" in out["llama_args"] and out["llama_args"][out["llama_args"].index("-devd") + 1] == "nvidia1"
+    step = out["draft_step"]
+    assert step["bandwidth_known"] and step["draft_device"] == "nvidia1" and 0 < step["ratio"] < 0.4
+    assert 0 < out["draft_break_even"] < 0.8

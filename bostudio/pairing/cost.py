@@ -53,7 +53,16 @@ MAX_STEP_COST = 1.0
 # A draft that must be accepted more often than this to pay is passed over by auto (a same-family drafter
 # is accepted 60-95% of the time: 59% on free code, 93% on edits, Qwen2.5-Coder 0.5B for the 1.5B);
 # `bostudio tune` measures it and may still choose it.
-MAX_BREAK_EVEN = 0.9
+MAX_BREAK_EVEN = 0.7
+# The acceptance a draft length is planned for (best_draft_length): a same-family drafter on agent work.
+PLANNED_ACCEPTANCE = 0.8
+# What each drafted token adds to the target's verification batch, in target decode steps. A GPU reads the
+# weights once for a batch of a few tokens (memory bound): about nothing. A CPU core computes every token of
+# the batch: measured on this project's 2-core EPYC at -t 1 -tb 1 (Qwen2.5-Coder 1.5B Q4_K_M; README,
+# "Where a draft round's time goes"), a batch of 2 tokens cost 1.6 target steps, of 9 tokens 4.2, of 17
+# tokens 6.5: about 0.35 per token beyond the first.
+CPU_VERIFY_PER_TOKEN = 0.35
+GPU_VERIFY_PER_TOKEN = 0.0
 
 
 def weight_bytes_per_token(m: ModelInfo) -> int:
@@ -80,18 +89,28 @@ class StepCost:
     draft_device: str
     target_device: str
     bandwidth_known: bool  # False: both on one device, or bandwidths unknown: the ratio of bytes
+    verify_per_token: float = CPU_VERIFY_PER_TOKEN  # target steps each drafted token adds to verification
+
+    def verify(self, n: int) -> float:
+        """The target's verification of n drafted tokens (and its own), in target decode steps."""
+        return 1.0 + self.verify_per_token * n
+
+    def break_even(self, n: int) -> float | None:
+        return draft_break_even(self.ratio, n, self.verify(n))
 
     def text(self) -> str:
         where = (f"{self.draft_device} vs {self.target_device}" if self.bandwidth_known
                  else f"both on {self.target_device}" if self.draft_device == self.target_device
                  else "bandwidth unknown, bytes only")
+        verify = (f"; verifying adds {self.verify_per_token:.2f} target step per drafted token (a CPU computes "
+                  "each)" if self.verify_per_token else "")
         return (f"a draft step costs {self.ratio:.2f} of a target step ({_mb(self.draft_bytes)} vs "
-                f"{_mb(self.target_bytes)} of weights read per token, {where})")
+                f"{_mb(self.target_bytes)} of weights read per token, {where}){verify}")
 
     def to_json(self) -> dict:
         return {"ratio": round(self.ratio, 4), "draft_bytes": self.draft_bytes, "target_bytes": self.target_bytes,
                 "draft_device": self.draft_device, "target_device": self.target_device,
-                "bandwidth_known": self.bandwidth_known}
+                "bandwidth_known": self.bandwidth_known, "verify_per_token": self.verify_per_token}
 
 
 def _mb(n: int) -> str:
@@ -108,12 +127,21 @@ def draft_step_cost(target: ModelInfo, draft: ModelInfo, devices: Iterable[Devic
     gpus = [d for d in devs if d.is_gpu and not d.remote]
     spread = gpus or [next((d for d in devs if not d.is_gpu), devs[0])]
     label = "+".join(d.label for d in spread)
+    verify = GPU_VERIFY_PER_TOKEN if gpus else CPU_VERIFY_PER_TOKEN  # the target's layers verify where they run
     if all(d.bandwidth_gbs for d in spread) and fast.bandwidth_gbs:
         total = sum(d.usable_bytes for d in spread) or len(spread)
         t_time = sum((d.usable_bytes or 1) / total * t_bytes / d.bandwidth_gbs for d in spread)  # type: ignore[operator]
         d_time = d_bytes / fast.bandwidth_gbs
-        return StepCost(d_time / t_time, d_bytes, t_bytes, fast.label, label, True)
-    return StepCost(d_bytes / max(1, t_bytes), d_bytes, t_bytes, fast.label, label, False)
+        return StepCost(d_time / t_time, d_bytes, t_bytes, fast.label, label, True, verify)
+    return StepCost(d_bytes / max(1, t_bytes), d_bytes, t_bytes, fast.label, label, False, verify)
+
+
+def best_draft_length(step: StepCost, acceptance: float = PLANNED_ACCEPTANCE, ceiling: int = 16) -> int:
+    """The n_max that commits the most tokens per unit of time at `acceptance` (shortest on a tie): for a
+    draft at 0.4 of a step, 2 on a GPU, where verification costs one step whatever the length, and 1 on a
+    CPU, where each drafted token adds to it. With p_min a draft stops early anyway."""
+    return max(range(1, ceiling + 1),
+               key=lambda n: (expected_tokens(acceptance, n) / (n * step.ratio + step.verify(n)), -n))
 
 
 def expected_tokens(acceptance: float, n: int) -> float:

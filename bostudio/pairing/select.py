@@ -17,7 +17,7 @@ from pathlib import Path
 from bostudio.errors import ConfigError, EngineError
 from bostudio.gguf import ModelInfo
 from bostudio.pairing.compat import CompatReport
-from bostudio.pairing.cost import MAX_BREAK_EVEN, MAX_STEP_COST, StepCost, draft_break_even, draft_step_cost
+from bostudio.pairing.cost import MAX_BREAK_EVEN, MAX_STEP_COST, StepCost, best_draft_length, draft_step_cost
 from bostudio.pairing.guardrails import GuardrailContext
 from bostudio.pairing.table import Candidate, PairingTable
 from bostudio.speculation import (DRAFT_N_MAX, KIND_SPEC_TYPE, SpecRequest, Speculator, choose_speculator,
@@ -171,7 +171,7 @@ class _Evaluator:
             label = f"{label.split(' ', 1)[0]} {c.hub} (on the hub)" + (f" + {c.with_ngram}" if c.with_ngram else "")
         even = None
         if step is not None and sp is not None:
-            even = draft_break_even(step.ratio, sp.n_max if sp.n_max is not None else DRAFT_N_MAX)
+            even = step.break_even(sp.n_max if sp.n_max is not None else DRAFT_N_MAX)
         return Considered(label, origin, usable, why, sp, draft, mem, c.note, c.hub, c.evidence, fetch, step, even)
 
     def evaluate(self, c: Candidate, origin: str) -> Considered:
@@ -263,17 +263,22 @@ class _Evaluator:
             return self.result(c, origin, False, f"{d.path.name} is not smaller than the target "
                                                  f"({d.size_label} vs {t.size_label})", draft=d, step=step)
         what = "a low-bit copy of the target itself" if c.self_draft else f"{d.size_label or '?'} parameters"
-        sp = _speculator(c, "draft", d.path, c.n_max if c.n_max is not None else DRAFT_N_MAX,
-                         f"draft model {d.path.name} ({what}, {d.quant}); {f.compat.summary()}")
+        # the draft length: the table's, else the one that pays best on these devices (best_draft_length)
+        n_max = c.n_max if c.n_max is not None else best_draft_length(step)
+        sp = _speculator(c, "draft", d.path, n_max,
+                         f"draft model {d.path.name} ({what}, {d.quant}); {f.compat.summary()}; n_max {n_max}")
         if step.ratio >= MAX_STEP_COST:
             return self.result(c, origin, False, f"{d.path.name}: a draft step costs {step.ratio:.2f} of a "
                                                  "target step, so no acceptance makes it pay", sp, d, step)
-        even = draft_break_even(step.ratio, sp.n_max or DRAFT_N_MAX)
-        if even is None or even > MAX_BREAK_EVEN:
+        even = step.break_even(n_max)
+        # a file the user's table names (a self-draft among them) is their choice: its cost is shown, not ruled on
+        if (c.draft is None or c.entry == "auto") and (even is None or even > MAX_BREAK_EVEN):
+            verify = (f", and verifying adds {step.verify_per_token:.2f} of one per drafted token"
+                      if step.verify_per_token else "")
             return self.result(c, origin, False, f"{d.path.name}: it pays only above "
-                                                 f"{100 * (even or 1):.0f}% acceptance at n_max {sp.n_max} (a "
-                                                 f"step costs {step.ratio:.2f} of the target's); `bostudio "
-                                                 "tune` measures it", sp, d, step)
+                                                 f"{100 * (even or 1):.0f}% acceptance at n_max {n_max} (a "
+                                                 f"step costs {step.ratio:.2f} of the target's{verify}); "
+                                                 "`bostudio tune` measures it", sp, d, step)
         return self._engine_check(c, origin, sp, d, sp.reason, step)
 
     def _engine_check(self, c: Candidate, origin: str, sp: Speculator, d: ModelInfo | None,
@@ -399,7 +404,7 @@ def _explicit(target: ModelInfo, request: SpecRequest, engine_spec_types: tuple[
         else:
             sp = replace(sp, reason=sp.reason + f"; {f.compat.summary()}")
     step = step_cost(target, draft_info) if draft_info is not None and sp.kind == "draft" else None
-    even = draft_break_even(step.ratio, sp.n_max or DRAFT_N_MAX) if step is not None else None
+    even = step.break_even(sp.n_max or DRAFT_N_MAX) if step is not None else None
     c = Considered(sp.label, "requested", True, sp.reason, sp, draft_info,
                    cost(sp, draft_info) if sp.kind != "none" else 0, step=step, break_even=even)
     return Selection(sp, (c,), 0)
