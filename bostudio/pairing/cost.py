@@ -53,7 +53,7 @@ MAX_STEP_COST = 1.0
 # A draft that must be accepted more often than this to pay is passed over by auto (a same-family drafter
 # is accepted 60-95% of the time: 59% on free code, 93% on edits, Qwen2.5-Coder 0.5B for the 1.5B);
 # `bostudio tune` measures it and may still choose it.
-MAX_BREAK_EVEN = 0.7
+MAX_BREAK_EVEN = 0.75
 # The acceptance a draft length is planned for (best_draft_length): a same-family drafter on agent work.
 PLANNED_ACCEPTANCE = 0.8
 # What each drafted token adds to the target's verification batch, in target decode steps. A GPU reads the
@@ -63,6 +63,12 @@ PLANNED_ACCEPTANCE = 0.8
 # tokens 6.5: about 0.35 per token beyond the first.
 CPU_VERIFY_PER_TOKEN = 0.35
 GPU_VERIFY_PER_TOKEN = 0.0
+# The pinned llama-server hands every batch the target decodes to the draft as well (server-context.cpp:3721-3729
+# calls common_speculative_process; draft-simple decodes it whole, speculative.cpp:262-302; the TODO there,
+# TAG_SPEC_AVOID_DRAFT_REEVAL, names it): the draft re-evaluates the verified batch it drafted, then decodes
+# the last token again to start the next draft (speculative.cpp:328). So a round of n drafted tokens costs
+# the target's verification, the draft's copy of that batch, and n draft steps.
+DRAFT_REEVALUATES_BATCH = True
 
 
 def weight_bytes_per_token(m: ModelInfo) -> int:
@@ -95,15 +101,26 @@ class StepCost:
         """The target's verification of n drafted tokens (and its own), in target decode steps."""
         return 1.0 + self.verify_per_token * n
 
+    def round_cost(self, n: int) -> float:
+        """One round of n drafted tokens, in target steps: n draft steps, the target's verification batch
+        and (llama.cpp's) the draft's re-evaluation of that batch."""
+        batch = self.verify(n) * (1.0 + (self.ratio if DRAFT_REEVALUATES_BATCH else 0.0))
+        return n * self.ratio + batch
+
     def break_even(self, n: int) -> float | None:
-        return draft_break_even(self.ratio, n, self.verify(n))
+        return draft_break_even(self.ratio, n, self.round_cost(n) - n * self.ratio)
+
+    def best_speedup(self, n: int, acceptance: float = 1.0) -> float:
+        """Tokens per target step of a round at `acceptance` (1.0: the ceiling, every draft accepted)."""
+        return expected_tokens(acceptance, n) / self.round_cost(n)
 
     def text(self) -> str:
         where = (f"{self.draft_device} vs {self.target_device}" if self.bandwidth_known
                  else f"both on {self.target_device}" if self.draft_device == self.target_device
                  else "bandwidth unknown, bytes only")
         verify = (f"; verifying adds {self.verify_per_token:.2f} target step per drafted token (a CPU computes "
-                  "each)" if self.verify_per_token else "")
+                  "each), and llama-server re-evaluates the verified batch in the draft" if self.verify_per_token
+                  else "; llama-server re-evaluates the verified batch in the draft")
         return (f"a draft step costs {self.ratio:.2f} of a target step ({_mb(self.draft_bytes)} vs "
                 f"{_mb(self.target_bytes)} of weights read per token, {where}){verify}")
 
@@ -138,10 +155,9 @@ def draft_step_cost(target: ModelInfo, draft: ModelInfo, devices: Iterable[Devic
 
 def best_draft_length(step: StepCost, acceptance: float = PLANNED_ACCEPTANCE, ceiling: int = 16) -> int:
     """The n_max that commits the most tokens per unit of time at `acceptance` (shortest on a tie): for a
-    draft at 0.4 of a step, 2 on a GPU, where verification costs one step whatever the length, and 1 on a
+    draft at 0.4 of a step, 3 on a GPU, where verification costs one step whatever the length, and 1 on a
     CPU, where each drafted token adds to it. With p_min a draft stops early anyway."""
-    return max(range(1, ceiling + 1),
-               key=lambda n: (expected_tokens(acceptance, n) / (n * step.ratio + step.verify(n)), -n))
+    return max(range(1, ceiling + 1), key=lambda n: (step.best_speedup(n, acceptance), -n))
 
 
 def expected_tokens(acceptance: float, n: int) -> float:

@@ -273,12 +273,15 @@ class _Evaluator:
         even = step.break_even(n_max)
         # a file the user's table names (a self-draft among them) is their choice: its cost is shown, not ruled on
         if (c.draft is None or c.entry == "auto") and (even is None or even > MAX_BREAK_EVEN):
-            verify = (f", and verifying adds {step.verify_per_token:.2f} of one per drafted token"
+            verify = (f", verifying adds {step.verify_per_token:.2f} of one per drafted token"
                       if step.verify_per_token else "")
-            return self.result(c, origin, False, f"{d.path.name}: it pays only above "
-                                                 f"{100 * (even or 1):.0f}% acceptance at n_max {n_max} (a "
-                                                 f"step costs {step.ratio:.2f} of the target's{verify}); "
-                                                 "`bostudio tune` measures it", sp, d, step)
+            cost = (f"a step costs {step.ratio:.2f} of the target's{verify}, and llama-server re-evaluates each "
+                    f"verified batch in the draft: a round of {n_max} costs {step.round_cost(n_max):.2f} target steps")
+            what = (f"it cannot pay: accepting every drafted token, it runs at most {step.best_speedup(n_max):.2f}x "
+                    f"of off at n_max {n_max}" if even is None else
+                    f"it pays only above {100 * even:.0f}% acceptance at n_max {n_max}")
+            return self.result(c, origin, False, f"{d.path.name}: {what} ({cost}); `bostudio tune` measures it",
+                               sp, d, step)
         return self._engine_check(c, origin, sp, d, sp.reason, step)
 
     def _engine_check(self, c: Candidate, origin: str, sp: Speculator, d: ModelInfo | None,
