@@ -133,7 +133,7 @@ def test_candidates_cover_the_speculators_the_engine_and_model_allow(tmp_path: P
     assert types >= {"ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-simple",
                      "draft-mtp"}
     n_max = {x.speculator.n_max for x in c if x.speculator.kind == "draft"}
-    assert {1, 8} <= n_max and any(x.speculator.p_min for x in c)
+    assert {1, 8} <= n_max and {x.speculator.p_min for x in c if x.speculator.kind == "draft"} == {None, 0.75}
     assert any(len(x.speculator.spec_types) == 2 for x in c)  # n-gram + draft
     assert len({x.label for x in c}) == len(c)
     only_ngram = candidates(("none", "ngram-mod"), has_mtp=True, draft=None)
