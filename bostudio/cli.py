@@ -760,10 +760,12 @@ def _add_serve_parsers(sub: argparse._SubParsersAction) -> None:
                        help="show which speculator a model gets, and why",
                        description="Choose the speculator for MODEL from the pairing tables (yours in "
                                    "$XDG_CONFIG_HOME/bostudio/pairings.toml, then the shipped one) and what "
-                                   "is detected: its MTP head, drafter GGUFs, small local models with the "
-                                   "same tokenizer, n-gram speculation. Shows every candidate, why it was "
-                                   "passed over, and what it costs in memory. A draft pair llama.cpp would "
-                                   "refuse is never chosen.")
+                                   "is detected: its MTP head, drafter GGUFs, every smaller local model "
+                                   "llama.cpp accepts as its draft, n-gram speculation. Shows every candidate, "
+                                   "why it was passed over, what it costs in memory and, for a draft model, "
+                                   "what a draft step costs against a target step and the acceptance above "
+                                   "which it pays; with a tuned profile, what tune refused and by how much it "
+                                   "lost. A draft pair llama.cpp would refuse is never chosen.")
     p.add_argument("--spec", default="auto", metavar="MODE",
                    help="auto | off | ngram | draft:PATH | mtp (default auto), as for `up`")
     p.add_argument("--ctx", type=int, default=None, metavar="N",
