@@ -39,3 +39,49 @@ def test_draft_simple_launch_of_the_real_pair_drafts_and_accepts(engine, tmp_sta
     finally:
         rc, err = up.stop(signal.SIGINT)
     assert rc == 0 and "Traceback" not in err, err
+
+
+def test_pair_shows_what_tune_refused_and_by_how_much(engine, tmp_state: Path, tmp_path: Path) -> None:
+    """A tuned profile decides the speculator; `pair` lists the configurations tune refused beside it, each with
+    how much it lost against the choice."""
+    import time as _time
+
+    from bostudio.bench.tune import Candidate, Tally, choose_config, ranked_profile
+    from bostudio.bench.measure import OFF, Sample
+    from bostudio.pairing.pair import choose
+    from bostudio.profiles import ModelIdentity, Profile, engine_identity, save_profile
+    from bostudio.gguf import describe
+    from bostudio.speculation import SpecRequest, Speculator
+    from tests.gguf_factory import tiny_llama
+
+    model = tiny_llama(tmp_path / "m.gguf", n_layer=2)
+
+    def tally(label: str, variant: str, ratio: float) -> Tally:
+        t = Tally(Candidate(label, Speculator("ngram", (variant,), reason=f"tuned: {label}")))
+        for i in range(6):
+            t.samples.append(Sample("edit", None, label, i, 40 * ratio, None, 100, 40, 30))
+            t.baseline.append(Sample("edit", None, OFF, i, 40.0, None, 100, 0, 0))
+        return t
+
+    pool = [tally("ngram-mod", "ngram-mod", 1.2), tally("ngram-simple", "ngram-simple", 1.1),
+            tally("ngram-cache", "ngram-cache", 0.9)]
+    choice = choose_config(pool)
+    ident = ModelIdentity.of(model)
+    save_profile(Profile(ident.name, ident.size, ident.mtime, engine_identity(engine), "edit",
+                         choice.chosen.measured(), 40.0, choice.noise, choice.why, None, created=_time.time(),
+                         ranking=ranked_profile(choice, pool)))
+    sel, _ = choose(describe(model), SpecRequest("auto"), engine, workload="edit")
+    assert sel.speculator.spec_types == ("ngram-mod",) and sel.considered[0].usable
+    refused = {c.label: c.why for c in sel.considered[1:]}
+    assert set(refused) == {"ngram-simple", "ngram-cache"}
+    assert "1.10x of off, 8% slower than ngram-mod" in refused["ngram-simple"]
+    assert "0.90x of off, 25% slower than ngram-mod" in refused["ngram-cache"]
+    assert "not above off" in refused["ngram-cache"]
+
+
+@pytest.mark.skipif(not (TARGET.is_file() and DRAFT.is_file()), reason="the Qwen2.5-Coder pair is not in models/")
+def test_tune_sweeps_the_draft_the_pairing_finds_even_when_auto_passes_it_over(engine, tmp_state: Path) -> None:
+    from bostudio.cli_bench import _paired_draft
+
+    found = _paired_draft(TARGET, engine)
+    assert found is not None and found.resolve() == DRAFT.resolve()
