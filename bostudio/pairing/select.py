@@ -407,6 +407,9 @@ def _explicit(target: ModelInfo, request: SpecRequest, engine_spec_types: tuple[
         else:
             sp = replace(sp, reason=sp.reason + f"; {f.compat.summary()}")
     step = step_cost(target, draft_info) if draft_info is not None and sp.kind == "draft" else None
+    if step is not None:  # the draft length that pays best on these devices (pairing.cost.best_draft_length)
+        n = best_draft_length(step)
+        sp = replace(sp, n_max=n, reason=f"{sp.reason}; n_max {n} planned for {step.draft_device}")
     even = step.break_even(sp.n_max or DRAFT_N_MAX) if step is not None else None
     c = Considered(sp.label, "requested", True, sp.reason, sp, draft_info,
                    cost(sp, draft_info) if sp.kind != "none" else 0, step=step, break_even=even)
