@@ -213,7 +213,7 @@ class Instance:
     break_even_source: str = "default"
     spec_base: tuple[int, int, int] = (0, 0, 0)  # (drafted, accepted, requests) at the last launch
     spec_check: dict | None = None  # the last policy.SpecVerdict
-    tune_refused: list = field(default_factory=list)  # what the workload's tuned profile refused (profiles.tune_refusals)
+    tune_refused: list = field(default_factory=list)  # what the workload's profile refused (profiles.tune_refusals)
     draft_advice: dict | None = None  # the last policy.DraftAdvice (under auto)
     scraped: tuple[int, int] = (0, 0)  # (requests, tokens) at the last /metrics scrape
     cfg_cooldown: float = 0.0

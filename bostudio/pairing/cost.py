@@ -147,7 +147,8 @@ def draft_step_cost(target: ModelInfo, draft: ModelInfo, devices: Iterable[Devic
     verify = GPU_VERIFY_PER_TOKEN if gpus else CPU_VERIFY_PER_TOKEN  # the target's layers verify where they run
     if all(d.bandwidth_gbs for d in spread) and fast.bandwidth_gbs:
         total = sum(d.usable_bytes for d in spread) or len(spread)
-        t_time = sum((d.usable_bytes or 1) / total * t_bytes / d.bandwidth_gbs for d in spread)  # type: ignore[operator]
+        t_time = sum((d.usable_bytes or 1) / total * t_bytes / d.bandwidth_gbs  # type: ignore[operator]
+                     for d in spread)
         d_time = d_bytes / fast.bandwidth_gbs
         return StepCost(d_time / t_time, d_bytes, t_bytes, fast.label, label, True, verify)
     return StepCost(d_bytes / max(1, t_bytes), d_bytes, t_bytes, fast.label, label, False, verify)

@@ -3,8 +3,9 @@
 Candidates come, in this order, from (1) the table entries that match the target by name, architecture or
 tokenizer, (2) auto-detection: the target's own MTP head, drafter GGUFs (DFlash/DSpark/EAGLE3/MTP sidecar,
 recognised from their metadata) and every smaller local model llama.cpp accepts as a draft (cheapest step
-first, pairing.cost), and (3) catch-all table entries (n-gram speculation). The first usable candidate is chosen. A draft-simple pair that llama.cpp would
-refuse is never chosen: llama-server would silently run without speculation.
+first, pairing.cost), and (3) catch-all table entries (n-gram speculation). The first usable candidate is
+chosen. A draft-simple pair that llama.cpp would refuse is never chosen: llama-server would silently run
+without speculation.
 """
 
 from __future__ import annotations
