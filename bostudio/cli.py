@@ -293,8 +293,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     argv = decision.argv(port=args.port, alias=model_name(model.path))
     for problem in problems:
         print(f"note: {problem}", file=sys.stderr)
+    step = _draft_step(inputs)
     if args.json:
         _print_json(dict(plan_json(p), speculation=speculator.label, reason=speculator.reason,
+                         draft_step=step[0].to_json() if step else None,
+                         draft_break_even=step[1] if step else None,
                          draft=str(speculator.draft) if speculator.draft else None, workload=workload,
                          ctx=decision.ctx, layout=decision.layout.to_json(), argv=argv, fits=refused is None,
                          not_fit_reason=refused or "", chat_template=decision.template_json()))
@@ -303,12 +306,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         terminal_print(render_plan(p))  # file names and GGUF strings inside: never raw to the terminal
         terminal_print(f"speculator: {speculator.label} ({speculator.reason})")
+        if step:
+            pays = "never pays" if step[1] is None else f"pays above {100 * step[1]:.0f}% acceptance"
+            terminal_print(f"draft step: {step[0].text()}; {pays} at n_max {step[2]}"
+                           + (f", p_min {speculator.p_min:g}" if speculator.p_min is not None else ""))
         terminal_print(f"slots: {decision.layout.line()}")
         terminal_print(f"chat template: {decision.template_label()}")
         if refused is not None:
             terminal_print(f"does not launch: {refused}")
         terminal_print("runs: " + " ".join(_quote(a) for a in argv))
     return 0 if refused is None else 1
+
+
+def _draft_step(inputs):  # type: ignore[no-untyped-def]
+    """(a draft model's step cost on the plan's devices, its break-even acceptance, n_max), or None."""
+    from bostudio.pairing.cost import draft_step_cost
+    from bostudio.speculation import DRAFT_N_MAX
+
+    sp = inputs.speculator
+    if sp.kind != "draft" or inputs.draft is None:
+        return None
+    step = draft_step_cost(inputs.info, inputs.draft, inputs.devices)
+    n = sp.n_max or DRAFT_N_MAX
+    return step, step.break_even(n), n
 
 
 def _quote(arg: str) -> str:
@@ -407,6 +427,8 @@ def cmd_pair(args: argparse.Namespace) -> int:
         state = "chosen" if i == sel.chosen else ("usable" if c.usable else "passed over")
         out(f"  {mark} {c.label:<40} {_mib(c.memory_bytes):>10}  {state}: {c.why}")
         out(f"      from {c.origin}" + (f"; note: {c.note}" if c.note else ""))
+        if c.step is not None:
+            out(f"      cost: {c.cost_text()}")
         if c.hub:
             out(f"      hub ref {c.hub}" + (f"; source: {c.evidence}" if c.evidence else ""))
     if report.tables:
@@ -668,6 +690,8 @@ def _print_ps(rows: list[dict]) -> int:
     for r in rows:  # speculation that does not pay on this workload (the daemon's break-even check)
         if r.get("spec_flagged"):
             print(f"  ! {r['model']}: {r['spec_check']['detail']} (break-even from {r['break_even_source']})")
+        for refused in (r.get("tune_refused") or [])[:3]:
+            print(f"  - {r['model']}: tune refused {refused['label']} ({refused['lost']}): {refused['why']}")
         if r.get("auto_off"):
             print(f"  ! {r['model']}: auto switched speculation for workload {r['auto_off']['workload']!r}: "
                   f"{r['auto_off']['reason']}")
@@ -790,10 +814,12 @@ def _add_serve_parsers(sub: argparse._SubParsersAction) -> None:
                        help="show which speculator a model gets, and why",
                        description="Choose the speculator for MODEL from the pairing tables (yours in "
                                    "$XDG_CONFIG_HOME/bostudio/pairings.toml, then the shipped one) and what "
-                                   "is detected: its MTP head, drafter GGUFs, small local models with the "
-                                   "same tokenizer, n-gram speculation. Shows every candidate, why it was "
-                                   "passed over, and what it costs in memory. A draft pair llama.cpp would "
-                                   "refuse is never chosen.")
+                                   "is detected: its MTP head, drafter GGUFs, every smaller local model "
+                                   "llama.cpp accepts as its draft, n-gram speculation. Shows every candidate, "
+                                   "why it was passed over, what it costs in memory and, for a draft model, "
+                                   "what a draft step costs against a target step and the acceptance above "
+                                   "which it pays; with a tuned profile, what tune refused and by how much it "
+                                   "lost. A draft pair llama.cpp would refuse is never chosen.")
     p.add_argument("--spec", default="auto", metavar="MODE",
                    help="auto | off | ngram | draft:PATH | mtp (default auto), as for `up`")
     p.add_argument("--ctx", type=int, default=None, metavar="N",

@@ -77,6 +77,18 @@ def _print_sessions(args: argparse.Namespace, doc: dict) -> int:
     return 0
 
 
+def _paired_draft(model: Path, engine) -> Path | None:  # type: ignore[no-untyped-def]
+    """The draft model the pairing tables and auto-detection offer for `model` (chosen or passed over for its
+    break-even: tune measures what the estimate could only guess), or None."""
+    from bostudio.gguf import describe
+    from bostudio.pairing.pair import choose
+    from bostudio.speculation import SpecRequest
+
+    sel, _ = choose(describe(model), SpecRequest("auto"), engine)
+    return next((c.draft.path for c in sel.considered if c.draft is not None and c.speculator is not None
+                 and c.speculator.kind == "draft" and not c.fetch and c.step is not None), None)
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from bostudio.bench.tune import ranking, run_tune
     from bostudio.bench.workloads import resolve_workloads
@@ -96,6 +108,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
             raise ConfigError(f"draft model {draft} not found", "pass an existing .gguf file as --draft")
     elif args.self_draft:
         draft = make_self_draft(model, args.self_draft, engine, log=_note)
+    else:
+        draft = _paired_draft(model, engine)
+        if draft is not None:
+            _note(f"tune: the pairing's draft model {draft.name} is swept too (--draft to name another)")
     from bostudio.bench.sessions import is_session
     from bostudio.bench.tune_sessions import run_tune_sessions
 
@@ -223,7 +239,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "when it would not end within it")
     p.add_argument("--tokens", type=int, default=None, metavar="N", help="output tokens per request "
                    "(default: each task's own length)")
-    p.add_argument("--draft", default=None, metavar="PATH", help="a draft model to sweep draft-simple with")
+    p.add_argument("--draft", default=None, metavar="PATH",
+                   help="a draft model to sweep draft-simple with (default: the one `bostudio pair` finds for "
+                        "MODEL, chosen or passed over)")
     p.add_argument("--self-draft", default=None, metavar="QUANT",
                    help="sweep draft-simple with a QUANT copy of MODEL (made with llama-quantize, cached)")
     p.add_argument("--json", action="store_true", help="print JSON")

@@ -96,6 +96,15 @@ class Measured:
     accept_len: float | None
     samples: int
     speedup_low: float = 0.0  # the lower end of the median speed-up's confidence interval (tune.median_interval)
+    refused: str = ""  # why tune's choice rule refused it ('' for the chosen one, and in older profiles)
+
+    def lost_text(self, chosen: "Measured | None") -> str:
+        """How much it lost: against the chosen configuration, or against off when off was chosen."""
+        ref, name = (chosen.speedup, chosen.label) if chosen is not None else (1.0, "off")
+        loss = 1.0 - self.speedup / ref if ref > 0 else 0.0
+        if loss > 0:
+            return f"{self.speedup:.2f}x of off, {100 * loss:.0f}% slower than {name}"
+        return f"{self.speedup:.2f}x of off, {100 * -loss:.0f}% faster than {name} by its median"
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,10 @@ class Profile:
         if self.chosen is None:
             return Speculator("none", reason=self.why)
         return speculator_from_json(self.chosen.speculator, self.why)
+
+    def refused(self) -> list[Measured]:
+        """The sweep's configurations the choice rule turned down, best first (from `ranking`)."""
+        return [m for m in self.ranking if m.refused and (self.chosen is None or m.label != self.chosen.label)]
 
     def next_best(self) -> Measured | None:
         """The best configuration of another kind than the chosen one that beat off (runtime fallback)."""
@@ -214,3 +227,14 @@ def predicted_break_even(model_path: Path, engine: Engine, workload: str | None)
         if found.profile is not None and found.profile.break_even_acceptance is not None:
             return found.profile.break_even_acceptance, f"profile {found.path.name}"
     return DEFAULT_BREAK_EVEN, "default (no tuned profile)"
+
+
+def tune_refusals(model_path: Path, engine: Engine, workload: str | None) -> list[dict]:
+    """What the tuned profile for (model, engine, workload) refused, and by how much each lost (for `ps`)."""
+    if not workload:
+        return []
+    p = find_profile(model_path, engine, workload).profile
+    if p is None:
+        return []
+    return [{"label": m.label, "speedup": m.speedup, "speedup_low": m.speedup_low, "samples": m.samples,
+             "lost": m.lost_text(p.chosen), "why": m.refused} for m in p.refused()]

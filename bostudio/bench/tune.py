@@ -11,7 +11,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bostudio.bench.measure import OFF, Sample, accept_length
@@ -65,8 +65,11 @@ def candidates(engine_spec_types: Sequence[str], has_mtp: bool, draft: Path | No
         then += mtp[1:]
     if draft is not None and "draft-simple" in have:
         drafts = []
+        # p_min 0 is llama.cpp's default since #26100 (it was 0.75): a draft then always runs to n_max; 0.75 stops
+        # it at the first token the draft is unsure of, which spares the verification on a CPU (0.35 target
+        # steps per drafted token there: pairing.cost.CPU_VERIFY_PER_TOKEN)
         for n in (3, 1, 2, 4, 6, 8):
-            for p in (0.0, 0.5):
+            for p in (0.0, 0.75):
                 label = f"draft-simple n_max={n}" + (f" p_min={p:g}" if p else "")
                 drafts.append(Candidate(label, Speculator("draft", ("draft-simple",), draft=draft, n_max=n,
                                                           p_min=p or None,
@@ -166,51 +169,119 @@ def ranking(tallies: Sequence[Tally]) -> list[Tally]:
     return sorted((t for t in tallies if t.samples), key=lambda t: (len(t.samples), t.tok_s), reverse=True)
 
 
+# With at least this many paired samples the interval is a real 90% interval of the median (median_interval);
+# with fewer it is only their range, and the noise floor must be cleared by its lower end (beats_off).
+TRUSTED_SAMPLES = 5
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the choice rule made of one measured configuration."""
+
+    label: str
+    chosen: bool
+    speedup: float  # median paired speed-up against off
+    low: float  # lower end of its interval
+    high: float
+    score: float  # expected gain less measured risk (see weigh)
+    why: str  # why refused ('' when chosen)
+
+    def lost(self, chosen_speedup: float) -> float:
+        """How much slower it ran than what was chosen (off: 1.0), as a share of that: 0.07 = 7% slower."""
+        return max(0.0, 1.0 - self.speedup / chosen_speedup) if chosen_speedup > 0 else 0.0
+
+
 @dataclass(frozen=True)
 class Choice:
     chosen: Tally | None  # None: off
     noise: float  # the half-width of the best candidate's interval, relative to its median speed-up
     why: str
+    verdicts: tuple[Verdict, ...] = ()  # every measured configuration, what the rule made of it
+
+    def refused(self) -> list[Verdict]:
+        return [v for v in self.verdicts if not v.chosen]
+
+
+def weigh(t: Tally, floor: float) -> tuple[float, str]:
+    """(score, why refused or ''). The expected gain is the median speed-up over off; the measured risk is how
+    far its interval's lower end reaches into the noise band (1 + floor). A configuration whose whole 90%
+    interval lies above 1.0 (TRUSTED_SAMPLES or more pairs) is chosen when its gain outweighs that risk, so
+    a 1.20x median with an interval of 1.01-1.43x is not refused for missing the 3% floor by 2 points. With
+    fewer pairs the interval is only their range: its lower end must clear the floor (beats_off). Never
+    chosen: nothing accepted, an interval reaching to 1.0 or below, a decode no faster than off's."""
+    n = len(t.ratios)
+    low, high = t.interval
+    gain = t.speedup - 1.0
+    risk = max(0.0, 1.0 + floor - low)
+    score = gain - risk
+    if sum(s.accepted for s in t.samples) == 0:
+        return score, "no drafted token was accepted"
+    decode_low, decode_high = median_interval(t.decode_ratios)
+    if n >= TRUSTED_SAMPLES:
+        if low <= 1.0:
+            return score, f"its interval reaches {low:.2f}x, not above off"
+        if score <= 0:
+            return score, (f"its gain ({100 * gain:.1f}%) does not outweigh the risk ({100 * risk:.1f}%: its "
+                           f"interval's lower end against the {100 * floor:.2g}% noise floor)")
+    elif not beats_off(low, n, floor):
+        if n < MIN_PAIRED and beats_off(low, MIN_PAIRED, floor):
+            return score, "too few to tell an edge from noise (give tune a larger --budget-s)"
+        return score, f"not beyond the measured spread and the {100 * floor:.2g}% noise floor"
+    if decode_low <= 1.0:
+        return score, (f"its decode was not faster than off's on every pair ({decode_low:.2f}-{decode_high:.2f}x), "
+                       "so the edge is not speculation's")
+    return score, ""
 
 
 def choose_config(tallies: Sequence[Tally], floor_of: Callable[[Tally], float] | None = None) -> Choice:
-    """The candidate with the best measured tok/s, if its paired speed-up beats off beyond the measured
-    spread (beats_off: the spread is that of its own paired ratios, one prompt each, so it holds the
-    noise of both sides and nothing of how prompts differ from each other); else off. A candidate that
-    had no draft token accepted ran the baseline's own computation plus its drafting, so any edge it
-    shows is noise: it is never chosen. Nor is one whose decode was not faster than off's on its paired
-    samples (the lower end of the decode ratios' interval at most 1): speculation changes the speed of
-    nothing else for the better, so a session's edge without a decode edge is the servers' own spread
-    (prefill is 85-89% of a session's wall time on a CPU). `floor_of`: a candidate's noise floor (beats_off;
-    default MIN_NOISE)."""
+    """The configuration to run, or off: among the finalists (the candidates that ran the most prompts, the
+    same ones), the one whose expected gain outweighs its measured risk by the most (weigh). A candidate that
+    had no draft token accepted ran the baseline's own computation plus its drafting, so any edge it shows
+    is noise: it is never chosen. Nor is one whose decode was not faster than off's on its paired samples:
+    speculation changes the speed of nothing else for the better, so a session's edge without a decode edge
+    is the servers' own spread (prefill is 85-89% of a session's wall time on a CPU). `floor_of`: a
+    candidate's noise floor (default MIN_NOISE). Every measured configuration gets a verdict: the refused
+    ones, and by how much they lost, are shown by `pair` and `ps`."""
     measured = [t for t in tallies if t.samples]
     if not measured:
         return Choice(None, MIN_NOISE, "nothing was measured: speculation off")
-    measured = [t for t in measured if sum(s.accepted for s in t.samples) > 0]
-    if not measured:
-        return Choice(None, MIN_NOISE, "tuned: off - no candidate had a drafted token accepted on this workload")
-    best = ranking(measured)[0]  # the finalists have the most samples
-    floor = floor_of(best) if floor_of is not None else MIN_NOISE
+    floors = {id(t): floor_of(t) if floor_of is not None else MIN_NOISE for t in measured}
+    weighed = {id(t): weigh(t, floors[id(t)]) for t in measured}
+    ranked = ranking(measured)
+    most = len(ranked[0].samples)
+    finalists = [t for t in ranked if len(t.samples) == most]
+    eligible = [t for t in finalists if not weighed[id(t)][1]]
+    chosen = max(eligible, key=lambda t: weighed[id(t)][0], default=None)
+
+    def verdict(t: Tally) -> Verdict:
+        score, why = weighed[id(t)]
+        if t is not chosen and not why:
+            why = ("ran fewer prompts than the finalists" if len(t.samples) < most else
+                   "a finalist with less gain for its risk")
+        low, high = t.interval
+        return Verdict(t.candidate.label, t is chosen, t.speedup, low, high, score, why)
+
+    verdicts = tuple(verdict(t) for t in ranked)
+    if all(sum(s.accepted for s in t.samples) == 0 for t in measured):
+        return Choice(None, MIN_NOISE, "tuned: off - no candidate had a drafted token accepted on this workload",
+                      verdicts)
+    best = chosen or next((t for t in finalists if sum(s.accepted for s in t.samples) > 0), finalists[0])
+    if chosen is None and not any(sum(s.accepted for s in t.samples) > 0 for t in finalists):
+        best = next(t for t in ranked if sum(s.accepted for s in t.samples) > 0)
+    floor = floors[id(best)]
     m = best.measured()
     low, high = best.interval
     noise = max(floor, (high - low) / 2 / best.speedup) if best.speedup > 0 else floor
     acc = f", acceptance {100 * m.acceptance:.0f}%" if m.acceptance is not None else ""
     spread = (f"{100 * CONFIDENCE:.0f}% interval of the median {low:.2f}-{high:.2f}x over "
               f"{len(best.ratios)} paired prompt(s)")
-    decode_low, decode_high = median_interval(best.decode_ratios)
-    decode_faster = decode_low > 1.0
-    if beats_off(low, len(best.ratios), floor) and decode_faster:
+    if chosen is not None:
         return Choice(best, noise, f"tuned: {best.candidate.label} ran {best.speedup:.2f}x of off "
-                                   f"({best.tok_s:.1f} tok/s{acc}; {spread}), beyond the measured spread")
-    if beats_off(low, len(best.ratios), floor):
-        why = (f"its decode was not faster than off's on every pair ({decode_low:.2f}-{decode_high:.2f}x), so "
-               f"the edge is not speculation's")
-    elif len(best.ratios) < MIN_PAIRED and beats_off(low, MIN_PAIRED, floor):
-        why = "too few to tell an edge from noise (give tune a larger --budget-s)"
-    else:
-        why = f"not beyond the measured spread and the {100 * floor:.2g}% noise floor"
+                                   f"({best.tok_s:.1f} tok/s{acc}; {spread}), beyond the measured spread",
+                      verdicts)
+    why = weighed[id(best)][1]
     return Choice(None, noise, f"tuned: off - the best, {best.candidate.label}, ran {best.speedup:.2f}x of off{acc} "
-                               f"({spread}): {why}")
+                               f"({spread}): {why}", verdicts)
 
 
 def break_even_acceptance(baseline_tok_s: float, m: Measured) -> float | None:
@@ -224,6 +295,12 @@ def break_even_acceptance(baseline_tok_s: float, m: Measured) -> float | None:
     cost = m.accept_len * baseline_tok_s / m.tok_s
     drafted_per_step = (m.accept_len - 1.0) / m.acceptance
     return min(1.0, max(0.0, (cost - 1.0) / drafted_per_step))
+
+
+def ranked_profile(choice: Choice, tallies: Sequence[Tally]) -> list[Measured]:
+    """The sweep's best RANKED configurations for the profile, each with why the choice refused it."""
+    why = {v.label: v.why for v in choice.verdicts if not v.chosen}
+    return [replace(t.measured(), refused=why.get(t.candidate.label, "")) for t in ranking(tallies)[:RANKED]]
 
 
 def best_by_kind(tallies: Sequence[Tally]) -> dict[str, Measured]:
@@ -315,7 +392,7 @@ def run_tune(model_path: Path, engine, workload: str, tasks, budget_s: float, to
     ident = ModelIdentity.of(model_path)
     profile = Profile(ident.name, ident.size, ident.mtime, engine_identity(engine), workload, chosen, base_med,
                       choice.noise, choice.why, break_even_acceptance(base_med, chosen) if chosen else None,
-                      best_by_kind(pool), time.time(), ranking=[t.measured() for t in ranking(pool)[:RANKED]])
+                      best_by_kind(pool), time.time(), ranking=ranked_profile(choice, pool))
     path = save_profile(profile)
     return TuneResult(profile, path, tuple(pool), tuple(baseline_tok), rounds, time.monotonic() - started)
 

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from bostudio.bench.measure import OFF, Sample
 from bostudio.profiles import MIN_NOISE, MIN_PAIRED, ModelIdentity, Profile, engine_identity, save_profile
-from bostudio.bench.tune import (RANKED, Tally, TuneResult, best_by_kind, break_even_acceptance,
-                                 candidates, choose_config, halve, ranking)
+from bostudio.bench.tune import (Tally, TuneResult, best_by_kind, break_even_acceptance,
+                                 candidates, choose_config, halve, ranked_profile, ranking)
 from bostudio.speculation import Speculator
 
 if TYPE_CHECKING:
@@ -249,7 +249,7 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
     ident = ModelIdentity.of(model_path)
     profile = Profile(ident.name, ident.size, ident.mtime, engine_identity(engine), name, chosen, base_tok,
                       choice.noise, choice.why, be, best_by_kind(pool), time.time(),
-                      ranking=[t.measured() for t in ranking(pool)[:RANKED]])
+                      ranking=ranked_profile(choice, pool))
     path = save_profile(profile)
     baseline = tuple(s.tok_s for t in pool for s in t.baseline)
     return TuneResult(profile, path, tuple(pool), baseline, rounds, time.monotonic() - started)

@@ -40,7 +40,7 @@ from bostudio.daemon.admission import Admission
 from bostudio.planner.memory import cache_type as cache_type_of
 from bostudio.planner.fit import PROMPT_CACHE
 from bostudio.profiles import (DEFAULT_BREAK_EVEN, default_workload, find_profile, predicted_break_even,
-                               speculator_from_json)
+                               speculator_from_json, tune_refusals)
 from bostudio.rpc.probe import Pool, discover_pool
 from bostudio.rpc.workers import Worker
 from bostudio.runtime.client import LlamaClient
@@ -217,6 +217,7 @@ class Instance:
     break_even_source: str = "default"
     spec_base: tuple[int, int, int] = (0, 0, 0)  # (drafted, accepted, requests) at the last launch
     spec_check: dict | None = None  # the last policy.SpecVerdict
+    tune_refused: list = field(default_factory=list)  # what the workload's profile refused (profiles.tune_refusals)
     draft_advice: dict | None = None  # the last policy.DraftAdvice (under auto)
     scraped: tuple[int, int] = (0, 0)  # (requests, tokens) at the last /metrics scrape
     cfg_cooldown: float = 0.0
@@ -260,6 +261,7 @@ class Instance:
             "chat_template": _template_json(self.cfg.path),  # issue21: which template, fallback or not
             "spec_flagged": bool(self.spec_check and self.spec_check["state"] == "below"),
             "break_even_source": self.break_even_source,
+            "tune_refused": self.tune_refused,
             "auto_off": ({"workload": self.cfg.auto_off, "reason": self.cfg.auto_off_reason}
                          if self.cfg.auto_off else None),
             "admission": self.admission.to_json(),  # KV tokens reserved by requests in flight, and those queued
@@ -788,6 +790,7 @@ class Supervisor:
         speculator = decision.speculator
         inst.break_even, inst.break_even_source = await asyncio.to_thread(
             predicted_break_even, cfg.path, engine, workload)
+        inst.tune_refused = await asyncio.to_thread(tune_refusals, cfg.path, engine, workload)
         need = decision.bytes  # what it is evicted by is what runs
         inst.speculator = speculator
         inst.layout = decision.layout

@@ -17,7 +17,7 @@ from bostudio.gguf import ModelInfo, describe
 from bostudio.files import write_atomic
 from bostudio.hardware.device import Device, devices_from_engine
 from bostudio.pairing.compat import check_compatibility
-from bostudio.pairing.cost import speculator_memory_bytes
+from bostudio.pairing.cost import draft_step_cost, speculator_memory_bytes
 from bostudio.pairing.guardrails import GuardrailContext, load_allowed, load_guardrails
 from bostudio.pairing.select import Considered, DraftFile, Selection, select
 from bostudio.pairing.table import PairingTable, load_pairings, parse_table, user_table_path
@@ -118,9 +118,12 @@ def choose(target: ModelInfo, request: SpecRequest, engine: Engine, ctx: int = 4
     def cost(sp, draft):  # type: ignore[no-untyped-def]
         return speculator_memory_bytes(target, sp, draft, ctx, devices)
 
+    def step_cost(t: ModelInfo, d: ModelInfo):  # type: ignore[no-untyped-def]
+        return draft_step_cost(t, d, devices)
+
     guard = _guard(engine, devices)
     sel = select(target, table, request, engine_spec_types=engine.spec_types, drafts=drafts, cost=cost,
-                 has_gpu=engine.gpu_mib() > 0, unavailable=unavailable, guard=guard)
+                 has_gpu=engine.gpu_mib() > 0, unavailable=unavailable, guard=guard, step_cost=step_cost)
     if note:
         sel = replace(sel, speculator=replace(sel.speculator, reason=f"{sel.speculator.reason} ({note})"))
     return sel, table
@@ -155,7 +158,11 @@ def _from_profile(target: ModelInfo, engine: Engine, workload: str,
     measured = (f"; measured {p.chosen.tok_s:.1f} tok/s vs {p.baseline_tok_s:.1f} off"
                 if p.chosen else f"; off measured {p.baseline_tok_s:.1f} tok/s")
     sp = replace(sp, reason=f"auto: profile for workload {workload!r} ({found.path}): {p.why}{measured}")
-    return Selection(sp, (Considered(sp.label, f"profile {found.path.name}", True, sp.reason, sp),), 0), ""
+    origin = f"profile {found.path.name}"
+    refused = tuple(Considered(m.label, origin, False, f"tune refused it ({m.lost_text(p.chosen)}; interval from "
+                                                       f"{m.speedup_low:.2f}x over {m.samples} pair(s)): {m.refused}")
+                    for m in p.refused())
+    return Selection(sp, (Considered(sp.label, origin, True, sp.reason, sp),) + refused, 0), ""
 
 
 # ------------------------------------------------------------------------------------------------ self-draft

@@ -2,9 +2,10 @@
 
 Candidates come, in this order, from (1) the table entries that match the target by name, architecture or
 tokenizer, (2) auto-detection: the target's own MTP head, drafter GGUFs (DFlash/DSpark/EAGLE3/MTP sidecar,
-recognised from their metadata) and small local models with the target's tokenizer, and (3) catch-all table
-entries (n-gram speculation). The first usable candidate is chosen. A draft-simple pair that llama.cpp would
-refuse is never chosen: llama-server would silently run without speculation.
+recognised from their metadata) and every smaller local model llama.cpp accepts as a draft (cheapest step
+first, pairing.cost), and (3) catch-all table entries (n-gram speculation). The first usable candidate is
+chosen. A draft-simple pair that llama.cpp would refuse is never chosen: llama-server would silently run
+without speculation.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ from pathlib import Path
 from bostudio.errors import ConfigError, EngineError
 from bostudio.gguf import ModelInfo
 from bostudio.pairing.compat import CompatReport
+from bostudio.pairing.cost import MAX_BREAK_EVEN, MAX_STEP_COST, StepCost, best_draft_length, draft_step_cost
 from bostudio.pairing.guardrails import GuardrailContext
 from bostudio.pairing.table import Candidate, PairingTable
 from bostudio.speculation import (DRAFT_N_MAX, KIND_SPEC_TYPE, SpecRequest, Speculator, choose_speculator,
                                   ordered_spec_types)
 
-# An auto-detected draft must be much smaller than its target to pay: at most this share of its parameters.
-MAX_DRAFT_RATIO = 0.25
 MTP_N_MAX = 3
 
 
@@ -56,13 +56,25 @@ class Considered:
     hub: str = ""  # the candidate's hub ref (owner/repo[:quant])
     evidence: str = ""  # where that ref was seen (issue, PR, model card)
     fetch: bool = False  # the draft is on the hub only: pull `hub` before launch
+    step: StepCost | None = None  # a draft model's step against a target step (pairing.cost.draft_step_cost)
+    break_even: float | None = None  # the acceptance above which it pays at its n_max (None: never)
+
+    def cost_text(self) -> str:
+        """'a draft step costs 0.40 of a target step (...); pays above 72% acceptance at n_max 3'."""
+        if self.step is None:
+            return ""
+        n = self.speculator.n_max if self.speculator is not None else None
+        pays = ("never pays" if self.break_even is None else
+                f"pays above {100 * self.break_even:.0f}% acceptance") + (f" at n_max {n}" if n else "")
+        return f"{self.step.text()}; {pays}"
 
     def to_json(self) -> dict:
         return {"label": self.label, "origin": self.origin, "usable": self.usable, "why": self.why,
                 "spec_types": list(self.speculator.spec_types) if self.speculator else [],
                 "draft": str(self.draft.path) if self.draft else None, "memory_bytes": self.memory_bytes,
                 "note": self.note, "hub": self.hub or None, "source": self.evidence or None,
-                "fetch": self.fetch}
+                "fetch": self.fetch, "step_cost": self.step.to_json() if self.step else None,
+                "break_even_acceptance": None if self.break_even is None else round(self.break_even, 4)}
 
 
 @dataclass(frozen=True)
@@ -82,6 +94,7 @@ class Selection:
 
 
 CostFn = Callable[[Speculator, ModelInfo | None], int | None]
+StepCostFn = Callable[[ModelInfo, ModelInfo], StepCost]  # (target, draft) -> a draft step's cost
 
 
 def _no_cost(sp: Speculator, draft: ModelInfo | None) -> int | None:
@@ -132,8 +145,9 @@ def _drafter_problem(target: ModelInfo, d: ModelInfo) -> str:
 class _Evaluator:
     def __init__(self, target: ModelInfo, drafts: Sequence[DraftFile], engine_spec_types: tuple[str, ...],
                  cost: CostFn, unavailable: Mapping[str, str] | None = None,
-                 guard: GuardrailContext = GuardrailContext()) -> None:
+                 guard: GuardrailContext = GuardrailContext(), step_cost: StepCostFn = draft_step_cost) -> None:
         self.target = target
+        self.step_cost = step_cost
         self.guard = guard
         self.drafts = [d for d in drafts if not d.remote]
         self.by_hub: dict[str, list[DraftFile]] = {}
@@ -146,7 +160,7 @@ class _Evaluator:
         self.cost = cost
 
     def result(self, c: Candidate, origin: str, usable: bool, why: str, sp: Speculator | None = None,
-               draft: ModelInfo | None = None) -> Considered:
+               draft: ModelInfo | None = None, step: StepCost | None = None) -> Considered:
         label = c.label
         if draft is not None:  # name the file found; a DFlash/DSpark file's own metadata names its kind
             kind = draft.drafter if draft.drafter in ("dflash", "dspark") else c.kind
@@ -156,7 +170,10 @@ class _Evaluator:
             f.remote and f.path == draft.path for f in self.by_hub.get(c.hub, ()))
         if fetch:  # known by its remote header only: name it by its ref
             label = f"{label.split(' ', 1)[0]} {c.hub} (on the hub)" + (f" + {c.with_ngram}" if c.with_ngram else "")
-        return Considered(label, origin, usable, why, sp, draft, mem, c.note, c.hub, c.evidence, fetch)
+        even = None
+        if step is not None and sp is not None:
+            even = step.break_even(sp.n_max if sp.n_max is not None else DRAFT_N_MAX)
+        return Considered(label, origin, usable, why, sp, draft, mem, c.note, c.hub, c.evidence, fetch, step, even)
 
     def evaluate(self, c: Candidate, origin: str) -> Considered:
         t = self.target
@@ -242,27 +259,46 @@ class _Evaluator:
                                draft=d)
         if not f.compat.compatible:
             return self.result(c, origin, False, f"{d.path.name}: {f.compat.summary()}", draft=d)
+        step = self.step_cost(t, d)
         if not c.self_draft and t.n_params and d.n_params >= t.n_params:
             return self.result(c, origin, False, f"{d.path.name} is not smaller than the target "
-                                                 f"({d.size_label} vs {t.size_label})", draft=d)
+                                                 f"({d.size_label} vs {t.size_label})", draft=d, step=step)
         what = "a low-bit copy of the target itself" if c.self_draft else f"{d.size_label or '?'} parameters"
-        sp = _speculator(c, "draft", d.path, c.n_max if c.n_max is not None else DRAFT_N_MAX,
-                         f"draft model {d.path.name} ({what}, {d.quant}); {f.compat.summary()}")
-        return self._engine_check(c, origin, sp, d, sp.reason)
+        # the draft length: the table's, else the one that pays best on these devices (best_draft_length)
+        n_max = c.n_max if c.n_max is not None else best_draft_length(step)
+        sp = _speculator(c, "draft", d.path, n_max,
+                         f"draft model {d.path.name} ({what}, {d.quant}); {f.compat.summary()}; n_max {n_max}")
+        if step.ratio >= MAX_STEP_COST:
+            return self.result(c, origin, False, f"{d.path.name}: a draft step costs {step.ratio:.2f} of a "
+                                                 "target step, so no acceptance makes it pay", sp, d, step)
+        even = step.break_even(n_max)
+        # a file the user's table names (a self-draft among them) is their choice: its cost is shown, not ruled on
+        if (c.draft is None or c.entry == "auto") and (even is None or even > MAX_BREAK_EVEN):
+            verify = (f", verifying adds {step.verify_per_token:.2f} of one per drafted token"
+                      if step.verify_per_token else "")
+            cost = (f"a step costs {step.ratio:.2f} of the target's{verify}, and llama-server re-evaluates each "
+                    f"verified batch in the draft: a round of {n_max} costs {step.round_cost(n_max):.2f} target steps")
+            what = (f"it cannot pay: accepting every drafted token, it runs at most {step.best_speedup(n_max):.2f}x "
+                    f"of off at n_max {n_max}" if even is None else
+                    f"it pays only above {100 * even:.0f}% acceptance at n_max {n_max}")
+            return self.result(c, origin, False, f"{d.path.name}: {what} ({cost}); `bostudio tune` measures it",
+                               sp, d, step)
+        return self._engine_check(c, origin, sp, d, sp.reason, step)
 
     def _engine_check(self, c: Candidate, origin: str, sp: Speculator, d: ModelInfo | None,
-                      why: str) -> Considered:
+                      why: str, step: StepCost | None = None) -> Considered:
         missing = [s for s in sp.spec_types if s not in self.engine]
         if missing:
             return self.result(c, origin, False, f"this llama-server does not support --spec-type "
-                                                 f"{','.join(missing)}", sp, d)
+                                                 f"{','.join(missing)}", sp, d, step)
         rule = self.guard.blocking(sp, self.target.architecture, self.target.is_mla)
         if rule is not None:
-            return self.result(c, origin, False, rule.explain(), sp, d)
-        return self.result(c, origin, True, why, sp, d)
+            return self.result(c, origin, False, rule.explain(), sp, d, step)
+        return self.result(c, origin, True, why, sp, d, step)
 
 
-def _auto_candidates(target: ModelInfo, drafts: Sequence[DraftFile], table_files: set[Path]) -> list[Candidate]:
+def _auto_candidates(target: ModelInfo, drafts: Sequence[DraftFile], table_files: set[Path],
+                     step_cost: StepCostFn = draft_step_cost) -> list[Candidate]:
     out: list[Candidate] = []
     if target.has_mtp:
         out.append(Candidate("mtp", entry="auto", note="detected from the target's metadata"))
@@ -273,44 +309,49 @@ def _auto_candidates(target: ModelInfo, drafts: Sequence[DraftFile], table_files
         if d.drafter in ("dflash", "dspark", "eagle3", "mtp-sidecar") and f.compat.compatible:
             kind = "mtp" if d.drafter == "mtp-sidecar" else d.drafter
             out.append(Candidate(kind, draft=d.path, entry="auto", note="drafter kind detected from its metadata"))
-    for f in sorted(drafts, key=lambda f: f.info.n_params, reverse=True):
+    # Every smaller local model llama.cpp accepts as a draft (its tokenizer rules, compat.py) is a candidate,
+    # cheapest step first: what a draft costs is the weight bytes it reads per step, not a parameter ratio.
+    plain = [f for f in drafts if not f.remote and f.info.drafter is None and f.info.kind == "model"
+             and f.path != target.path and f.path not in table_files and f.compat.compatible
+             and f.info.n_params < target.n_params]
+    for f in sorted(plain, key=lambda f: step_cost(target, f.info).ratio):
         d = f.info
-        if (not f.remote and d.drafter is None and d.kind == "model" and d.path != target.path
-                and d.path not in table_files and target.tokenizer.fingerprint and d.tokenizer.fingerprint == target.tokenizer.fingerprint
-                and d.n_params <= MAX_DRAFT_RATIO * target.n_params):
-            out.append(Candidate("draft", draft=d.path, entry="auto",
-                                 note=f"same tokenizer, {d.n_params / max(1, target.n_params):.0%} of the "
-                                      "target's parameters"))
+        out.append(Candidate("draft", draft=d.path, entry="auto",
+                             note=f"{f.compat.checked or 'compatible tokenizer'}, "
+                                  f"{d.n_params / max(1, target.n_params):.0%} of the target's parameters"))
     return out
 
 
 def select(target: ModelInfo, table: PairingTable, request: SpecRequest, *, engine_spec_types: tuple[str, ...],
            drafts: Sequence[DraftFile] = (), cost: CostFn = _no_cost, has_gpu: bool = False,
            unavailable: Mapping[str, str] | None = None,
-           guard: GuardrailContext = GuardrailContext()) -> Selection:
+           guard: GuardrailContext = GuardrailContext(), step_cost: StepCostFn = draft_step_cost) -> Selection:
     """The speculator for `target`. `drafts` are the GGUFs that could draft for it (the catalog's, those the
     table names, and hub drafters known by their remote header only: `remote`), each with its compatibility
     report; `cost` gives a speculator's memory bytes; `unavailable` says, per hub ref, why it is not here;
     `guard` holds the known regressions (guardrails.toml) for the backends in use: a candidate a rule
-    matches is passed over, an explicit request is refused."""
+    matches is passed over, an explicit request is refused. `step_cost` prices a draft model's step against
+    the target's on the devices in use (default: one device, the ratio of weight bytes read per token)."""
     if request.mode != "auto":
-        sel = _explicit(target, request, engine_spec_types, drafts, cost, has_gpu)
+        sel = _explicit(target, request, engine_spec_types, drafts, cost, has_gpu, step_cost)
         rule = guard.blocking(sel.speculator, target.architecture, target.is_mla)
         if rule is not None:
             raise ConfigError(f"--spec {sel.speculator.label} on {target.architecture}: {rule.what} ({rule.reference})",
                               f"use another --spec, or override with allow = [\"{rule.id}\"] under [guardrails] "
                               "in config.toml")
         return sel
-    ev = _Evaluator(target, drafts, engine_spec_types, cost, unavailable, guard)
+    ev = _Evaluator(target, drafts, engine_spec_types, cost, unavailable, guard, step_cost)
     entries = table.matching(target.path.name, target.name, target.architecture, target.tokenizer.fingerprint)
     specific = [e for e in entries if not e.match.is_catch_all]
     catch_all = [e for e in entries if e.match.is_catch_all]
     table_files = {c.draft for e in entries for c in e.candidates if c.draft is not None}
     table_files |= {f.path for f in drafts if f.hub}
+    table_files |= {f.path for e in specific for c in e.candidates if c.find  # found by a table entry's pattern
+                    for f in _find(drafts, target, c.find)}
     ordered: list[tuple[Candidate, str]] = []
     for e in specific:
         ordered += [(c, f"table entry {e.name!r} ({c.source})") for c in e.candidates]
-    ordered += [(c, "auto-detected") for c in _auto_candidates(target, drafts, table_files)]
+    ordered += [(c, "auto-detected") for c in _auto_candidates(target, drafts, table_files, step_cost)]
     for e in catch_all:
         ordered += [(c, f"table entry {e.name!r} ({c.source})") for c in e.candidates]
     considered: list[Considered] = []
@@ -331,7 +372,8 @@ def select(target: ModelInfo, table: PairingTable, request: SpecRequest, *, engi
 
 
 def _explicit(target: ModelInfo, request: SpecRequest, engine_spec_types: tuple[str, ...],
-              drafts: Sequence[DraftFile], cost: CostFn, has_gpu: bool) -> Selection:
+              drafts: Sequence[DraftFile], cost: CostFn, has_gpu: bool,
+              step_cost: StepCostFn = draft_step_cost) -> Selection:
     if request.mode == "mtp" and target.has_mtp and not target.mtp_usable:
         raise ConfigError(f"{target.path.name} keeps {target.n_nextn} NextN layer(s), but this engine's llama.cpp "
                           f"has no MTP graph for {target.architecture} (the layers are only preserved)",
@@ -365,6 +407,11 @@ def _explicit(target: ModelInfo, request: SpecRequest, engine_spec_types: tuple[
                               "target's tokenizer, or --spec auto")
         else:
             sp = replace(sp, reason=sp.reason + f"; {f.compat.summary()}")
+    step = step_cost(target, draft_info) if draft_info is not None and sp.kind == "draft" else None
+    if step is not None:  # the draft length that pays best on these devices (pairing.cost.best_draft_length)
+        n = best_draft_length(step)
+        sp = replace(sp, n_max=n, reason=f"{sp.reason}; n_max {n} planned for {step.draft_device}")
+    even = step.break_even(sp.n_max or DRAFT_N_MAX) if step is not None else None
     c = Considered(sp.label, "requested", True, sp.reason, sp, draft_info,
-                   cost(sp, draft_info) if sp.kind != "none" else 0)
+                   cost(sp, draft_info) if sp.kind != "none" else 0, step=step, break_even=even)
     return Selection(sp, (c,), 0)
