@@ -9,7 +9,13 @@ agents"); test_agents_real.py runs it on the small fixture for what the daemon g
 One session crosses Claude Code's compaction point (a command prints about 6k tokens into a 32k context
 whose own prompt is about 12k): the CLI compacts, no request ends in a 400, and the task after it is done.
 
-These runs are the slow ones of the suite: the first turn of an agent prefills 5-12k tokens on one thread
+Not in the default run (pyproject: `-m 'not agent_tasks'`): whether a 1.5B Q4 model picks the right tool
+and path is which token wins on this CPU. By hand all three passed; on the first fresh-clone run all three
+failed (Claude Code called its `Agent` tool with arguments its schema refuses, which the daemon rightly
+left as text; opencode wrote hello.py under /tmp; the long session never ran the command). Run them with
+`scripts/test.sh -m agent_tasks`, as a measurement.
+
+These runs are the slow ones: the first turn of an agent prefills 5-12k tokens on one thread
 (about 2-4 min on a quiet 2-core CPU, longer beside other work). The hang guards are generous; nothing here
 asserts a time."""
 
@@ -27,7 +33,7 @@ from tests.agent_util import agent_env, launch_print
 from tests.daemon_util import DaemonProc
 
 HANG_GUARD_S = 2400
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.agent_tasks]
 
 HELLO = "Create a file hello.py that prints hello, then run it with python3."
 
