@@ -19,9 +19,6 @@ from bostudio.pairing.table import PairingTable, load_table_file, shipped_table_
 from bostudio.speculation import SpecRequest
 from tests.gguf_factory import tiny_llama
 
-REPO = Path(__file__).resolve().parents[1]
-QWEN_TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-QWEN_DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 GB = 10**9
 
 
@@ -159,11 +156,9 @@ def test_a_larger_or_incompatible_model_is_no_candidate(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ the two real headers
 
 @pytest.fixture(scope="module")
-def qwen() -> tuple[Path, Path]:
-    paths = (REPO / "models" / QWEN_TARGET, REPO / "models" / QWEN_DRAFT)
-    if not all(p.is_file() for p in paths):
-        pytest.skip(f"the Qwen2.5-Coder pair is not in {REPO / 'models'}")
-    return paths
+def qwen(qwen_pair: tuple[Path, Path]) -> tuple[Path, Path]:
+    """The two real files, assembled and sha256-checked by the qwen_pair fixture (never skipped)."""
+    return qwen_pair
 
 
 def test_real_pair_costs_and_break_even(qwen) -> None:
