@@ -59,7 +59,7 @@ def max_output_for(ctx: int) -> int:
 # model it does not know) less min(output limit, 20k) less this buffer (measured against the CLI: with a
 # 32,768 window and a 4,000 output limit it compacted between 12k and 18k reported tokens; its code: 13,000).
 CLAUDE_COMPACT_BUFFER = 13_000
-CLAUDE_OWN_PROMPT = 12_000  # its system prompt and tool schemas, in a Qwen2.5 or Gemma tokenizer
+CLAUDE_OWN_PROMPT = 11_712  # its system prompt and tool schemas: 2.1.332 on Qwen2.5's tokenizer (measured)
 
 
 def claude_compacts_at(ctx: int, max_output: int) -> int:

@@ -9,16 +9,15 @@ import shutil
 from pathlib import Path
 
 from bostudio import paths
-from bostudio.agents import AgentConfig, AgentTarget, configure, max_output_for
+from bostudio.agents import CLAUDE_OWN_PROMPT, AgentConfig, AgentTarget, configure, max_output_for
 from bostudio.catalog.embedded import DEFAULT_NAME
 from bostudio.display import escape_terminal, human_duration
 from bostudio.errors import BostudioError
 from bostudio.files import write_private
 
 DEFAULT_MODEL = DEFAULT_NAME  # the embedded default (bostudio.catalog.embedded)
-# The prompt of an agent's first request (system prompt and tool definitions), where it was measured: Claude
-# Code 2.1.332's was 11,712 tokens on Qwen2.5's tokenizer (issue 33). Others: not measured yet.
-FIRST_TURN_TOKENS = {"claude": 11_712}
+# The prompt of an agent's first request (system prompt and tool definitions), where it was measured.
+FIRST_TURN_TOKENS = {"claude": CLAUDE_OWN_PROMPT}
 AGENT_NAMES = {"claude": "Claude Code", "codex": "Codex", "opencode": "opencode"}
 
 

@@ -106,7 +106,7 @@ def near_miss_call(text: str, tools: dict[str, dict]) -> tuple[str, dict] | None
 def could_be_call(text: str) -> bool:
     """Whether an answer that starts with `text` may still turn out to be a near-miss call."""
     s = text.lstrip()
-    return s == "" or s.startswith(("`", "{")) or "<tool_call>".startswith(s[:11]) or s.startswith("<tool_call>")
+    return s == "" or s.startswith(("`", "{")) or "<tool_call>".startswith(s[:11])
 
 
 # ------------------------------------------------------------------------------------------- SSE plumbing
