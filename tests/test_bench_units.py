@@ -382,7 +382,7 @@ def test_profile_keeps_the_sweep_ranking_and_bench_runs_it(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from bostudio.bench.runner import resolve_configs
     from bostudio.gguf import describe
-    from tests.gguf_factory import tiny_llama
+    from bostudio.gguf.synth import tiny_llama
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
@@ -537,7 +537,7 @@ def test_daemon_flags_then_relaunches_an_idle_auto_instance(tmp_path: Path, monk
 def test_fallback_takes_the_next_best_kind_else_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bostudio.daemon.supervisor import fallback_speculator
     from bostudio.gguf import describe
-    from tests.gguf_factory import tiny_llama
+    from bostudio.gguf.synth import tiny_llama
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     info = describe(tiny_llama(tmp_path / "t.gguf"))

@@ -23,7 +23,7 @@ from bostudio.daemon.security import allowed_hosts
 from bostudio.daemon.supervisor import SupervisorOptions
 from bostudio.gguf.split import read_header
 from tests.daemon_util import DaemonProc, fake_engine
-from tests.gguf_factory import VOCAB, dense_layers, tiny_llama, write_model
+from bostudio.gguf.synth import VOCAB, dense_layers, tiny_llama, write_model
 
 TOKEN = "ab" * 32
 NEW_POST_ROUTES = [p for p, *_ in PASSTHROUGH_ROUTES] + ["/api/chat", "/api/generate", "/api/embed", "/api/show"]

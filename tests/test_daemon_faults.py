@@ -19,7 +19,7 @@ import pytest
 
 from bostudio.daemon import state
 from tests.daemon_util import DaemonProc, daemon_env, fake_engine
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 from tests.netutil import free_port, port_is_free
 
 FAKES = ("fake-ok", "fake-ok2", "fake-crash", "fake-oom", "fake-silent", "fake-progress")

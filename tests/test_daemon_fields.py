@@ -17,7 +17,7 @@ from bostudio.daemon.normalise import OUTPUT_FIELD, default_output_limit
 from bostudio.errors import RequestError
 from tests.daemon_util import DaemonProc, fake_engine
 from tests.fake_llama_server import KILL_WORD
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 
 GUARD_S = 120.0  # hang guard for any one request
 # Fields llama-server reads from a request body that no public API defines (tools/server/server-schema.cpp):

@@ -18,7 +18,7 @@ import pytest
 
 from bostudio.daemon.limits import HttpLimits, json_depth_ok, parse_json_body, BodyError
 from tests.daemon_util import DaemonProc, fake_engine
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 
 GUARD_S = 120.0  # hang guard for any one wait
 HEADER_S, BODY_S, KEEPALIVE_S = 2, 2, 2
@@ -542,7 +542,7 @@ def test_setting_speculation_by_path_takes_the_same_model_path_check(daemon: Dae
 
 
 def test_a_lying_model_file_gets_422_at_once_not_the_crash_loop(daemon: DaemonProc, fake_root: Path) -> None:
-    from tests.gguf_factory import VOCAB, dense_layers, write_model
+    from bostudio.gguf.synth import VOCAB, dense_layers, write_model
 
     # A header whose own numbers rule out every plan: a KV cache of 2^20 heads of 2^20 values per layer.
     tensors: dict = {"token_embd.weight": (64, len(VOCAB)), "output_norm.weight": (64,),

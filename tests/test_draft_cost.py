@@ -17,7 +17,7 @@ from bostudio.pairing.cost import (CPU_VERIFY_PER_TOKEN, MAX_STEP_COST, best_dra
 from bostudio.pairing.select import DraftFile, select
 from bostudio.pairing.table import PairingTable, load_table_file, shipped_table_path
 from bostudio.speculation import SpecRequest
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 
 GB = 10**9
 

@@ -48,7 +48,7 @@ def test_pair_shows_what_tune_refused_and_by_how_much(engine, tmp_state: Path, t
     from bostudio.profiles import ModelIdentity, Profile, engine_identity, save_profile
     from bostudio.gguf import describe
     from bostudio.speculation import SpecRequest, Speculator
-    from tests.gguf_factory import tiny_llama
+    from bostudio.gguf.synth import tiny_llama
 
     model = tiny_llama(tmp_path / "m.gguf", n_layer=2)
 

@@ -19,7 +19,7 @@ from bostudio.pairing.guardrails import GuardrailContext, load_allowed, load_gua
 from bostudio.pairing.select import select
 from bostudio.pairing.table import PairingTable, load_table_file, shipped_table_path
 from bostudio.speculation import SpecRequest, Speculator
-from tests.gguf_factory import tiny_glm4moe_mtp
+from bostudio.gguf.synth import tiny_glm4moe_mtp
 
 DATA = Path(__file__).parent / "data" / "guardrails"
 RULES = load_guardrails()

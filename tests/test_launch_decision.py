@@ -28,7 +28,7 @@ from bostudio.rpc.probe import discover_pool
 from bostudio.rpc.workers import workers_from_config
 from bostudio.up import UpOptions, prepare_launch
 from tests.daemon_util import DaemonProc
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 from tests.netutil import free_port
 
 GEMMA = "gemma-3-270m-q4_k_m"

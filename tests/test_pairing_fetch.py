@@ -1,6 +1,6 @@
 """Real drafters from the hub: the shipped table's verified refs, the pull policy, header-first format checks,
-sha256-checked and resumable pulls, fallbacks that say why. Against the fake hub on 127.0.0.1 (tests/hubserver.py)
-serving synthetic drafters (tests/gguf_factory.py) under the shipped table's repo names."""
+sha256-checked and resumable pulls, fallbacks that say why. Against the fake hub on 127.0.0.1 (benchmarks/hubserver.py)
+serving synthetic drafters (bostudio/gguf/synth.py) under the shipped table's repo names."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from bostudio.pairing.fetch import (DrafterOffer, choose_and_fetch, interactive_
 from bostudio.pairing.table import (CANDIDATE_KINDS, PairingTableError, hub_ref_problem, load_table_file,
                                     parse_table, shipped_table_path)
 from bostudio.speculation import SPEC_TYPE_ORDER, SpecRequest
-from tests.gguf_factory import tiny_drafter, tiny_glm4moe_mtp, tiny_llama, write_model
-from tests.hubserver import FakeHub, HubServer, use_hub
+from bostudio.gguf.synth import tiny_drafter, tiny_glm4moe_mtp, tiny_llama, write_model
+from benchmarks.hubserver import FakeHub, HubServer, use_hub
 from tests.netutil import free_port
 
 DFLASH_REPO = "abhinand/Qwen3.6-35B-A3B-DFlash-GGUF"  # the shipped table's ref for Qwen3.6-35B-A3B

@@ -19,7 +19,7 @@ from bostudio.pairing.cost import speculator_memory_bytes
 from bostudio.pairing.select import DraftFile, select
 from bostudio.pairing.table import load_table_file, parse_table, shipped_table_path
 from bostudio.speculation import SpecRequest, Speculator
-from tests.gguf_factory import BYTE_VOCAB, BYTE_VOCAB_TYPES, VOCAB, tiny_drafter, tiny_glm4moe_mtp, tiny_llama, vocab_model
+from bostudio.gguf.synth import BYTE_VOCAB, BYTE_VOCAB_TYPES, VOCAB, tiny_drafter, tiny_glm4moe_mtp, tiny_llama, vocab_model
 
 ALL = KNOWN_SPEC_TYPES
 SHIPPED = load_table_file(shipped_table_path())

@@ -18,7 +18,7 @@ from bostudio.pairing.table import user_table_path
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import ServerProcess
 from bostudio.speculation import SpecRequest, Speculator
-from tests.gguf_factory import tiny_glm4moe_mtp
+from bostudio.gguf.synth import tiny_glm4moe_mtp
 from tests.netutil import free_port
 
 N_PREDICT = 32

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 from bostudio.pairing.table import (PairingTableError, load_pairings, load_table_file, shipped_table_path,
                                     user_table_path)
 

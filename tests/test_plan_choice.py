@@ -17,7 +17,7 @@ from bostudio.launch import LaunchIntent, gather_and_decide
 from bostudio.pairing.fetch import pair_model
 from bostudio.pairing.pair import record_self_draft
 from bostudio.speculation import SpecRequest
-from tests.gguf_factory import tiny_glm4moe_mtp, tiny_llama
+from bostudio.gguf.synth import tiny_glm4moe_mtp, tiny_llama
 
 
 @pytest.fixture(scope="module")

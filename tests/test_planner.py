@@ -21,7 +21,7 @@ from bostudio.planner import (CACHE_TYPES, MTP_SPEC, NO_SPEC, ContextSettings, I
                               largest_ctx, memory_uses, plan, plan_for_launch, recurrent_state_bytes)
 from bostudio.planner.memory import cache_type, context_shape, weight_split
 from bostudio.speculation import NGRAM, Speculator
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 
 
 @pytest.fixture(scope="module")

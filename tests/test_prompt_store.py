@@ -15,7 +15,7 @@ from bostudio.hardware.device import Device
 from bostudio.planner import plan_for_launch
 from bostudio.planner.fit import PROMPT_CACHE, prompt_cache_bytes
 from bostudio.planner.memory import MIB
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 
 
 def cpu() -> list[Device]:

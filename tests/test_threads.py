@@ -13,7 +13,7 @@ from bostudio.errors import ConfigError
 from bostudio.planner import Intent, plan
 from bostudio.planner.threads import headroom_cores, plan_threads
 from bostudio.gguf import ModelInfo, describe
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 from tests.test_planner import shape
 
 

@@ -191,7 +191,7 @@ def test_up_by_name_from_models_dir(engine, gemma_gguf, env) -> None:
 
 def test_up_auto_uses_the_mtp_head_pairing_finds(engine, env, tmp_path: Path) -> None:
     """Launch integration: auto on a NextN target picks its MTP head, launches draft-mtp and proves it."""
-    from tests.gguf_factory import BYTE_VOCAB, BYTE_VOCAB_TYPES, tiny_glm4moe_mtp
+    from bostudio.gguf.synth import BYTE_VOCAB, BYTE_VOCAB_TYPES, tiny_glm4moe_mtp
 
     model = tiny_glm4moe_mtp(tmp_path / "glm-mtp.gguf", vocab=BYTE_VOCAB, token_types=BYTE_VOCAB_TYPES)
     env = dict(env, XDG_CONFIG_HOME=str(tmp_path / "config"))

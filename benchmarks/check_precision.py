@@ -7,15 +7,15 @@ llama-quantize), one server without speculation and one with the Q4_K_M file as 
 prompt, whether the outputs are identical, where they first depart and at what margin, drafted/accepted
 counts, and the decode speed without speculation (side by side, in one run).
 
-    .venv/bin/python scripts/check_precision.py [--types Q4_K_M,F16,F32] [--tokens 128]
-    .venv/bin/python scripts/check_precision.py --speed            # decode tok/s per type, interleaved
-    .venv/bin/python scripts/check_precision.py --demo-failure     # the check against outputs that differ
+    .venv/bin/python -m benchmarks.check_precision [--types Q4_K_M,F16,F32] [--tokens 128]
+    .venv/bin/python -m benchmarks.check_precision --speed            # decode tok/s per type, interleaved
+    .venv/bin/python -m benchmarks.check_precision --demo-failure     # the check against outputs that differ
 
 Set LLAMA_SERVER to run it on another engine (e.g. the portable build: `bostudio engine build --portable`).
 
-`--demo-failure` feeds the test's rule (tests/test_lossless.py:assert_lossless) two "speculative" sides that
-are not lossless: a Q8_0 copy of the model, and the same F32 server sampling at temperature 0.8. It prints
-what the rule reports for each.
+`--demo-failure` feeds the lossless rule (benchmarks/lossless.py:assert_lossless, which tests/test_lossless.py
+applies) two "speculative" sides that are not lossless: a Q8_0 copy of the model, and the same F32 server
+sampling at temperature 0.8. It prints what the rule reports for each.
 """
 
 from __future__ import annotations
@@ -26,14 +26,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bostudio.catalog.embedded import GEMMA_270M, ensure_embedded  # noqa: E402
-from bostudio.engine.discover import find_engine  # noqa: E402
-from bostudio.engine.quantize import precision_copy  # noqa: E402
-from bostudio.runtime.client import LlamaClient  # noqa: E402
-from bostudio.speculation import Speculator  # noqa: E402
-from tests.test_lossless import GREEDY, PROMPTS, Greedy, assert_lossless, first_difference, launch  # noqa: E402
+from benchmarks.lossless import GREEDY, PROMPTS, Greedy, assert_lossless, first_difference, launch
+from bostudio.catalog.embedded import GEMMA_270M, ensure_embedded
+from bostudio.engine.discover import find_engine
+from bostudio.engine.quantize import precision_copy
+from bostudio.runtime.client import LlamaClient
+from bostudio.speculation import Speculator
 
 TIMEOUT_S = 1800.0
 

@@ -1,8 +1,8 @@
 """How much of a hub drafter bostudio reads before deciding to download it: the header only, by range requests.
 
-Serves a ~42 MB synthetic DFlash drafter from the local fake hub (tests/hubserver.py) under the shipped table's
+Serves a ~42 MB synthetic DFlash drafter from the local fake hub (benchmarks/hubserver.py) under the shipped table's
 ref for Qwen3.6-35B-A3B, and reads it the way `up --pull ask|always` does before offering the download.
-Run: .venv/bin/python scripts/bench_drafter_header.py
+Run: .venv/bin/python -m benchmarks.bench_drafter_header
 """
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.gguf_factory import tiny_llama, write_model  # noqa: E402
-from tests.hubserver import FakeHub, HubServer  # noqa: E402
+from benchmarks.hubserver import FakeHub, HubServer
+from bostudio.gguf.synth import tiny_llama, write_model
 
 REF = "abhinand/Qwen3.6-35B-A3B-DFlash-GGUF:Q8_0"
 FILE = "Qwen3.6-35B-A3B-DFlash-Q8_0.gguf"

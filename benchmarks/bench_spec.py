@@ -2,8 +2,8 @@
 """Benchmark: decode speed with speculation off vs `--spec auto` (or a given --spec, or a self-draft), side by
 side in one run, plus the time `bostudio up` takes to be ready. Prints the numbers, ratios and acceptance.
 
-    .venv/bin/python scripts/bench_spec.py [MODEL] [--tokens N] [--repeats R] [--spec MODE]
-    .venv/bin/python scripts/bench_spec.py [MODEL] --self-draft Q2_K     # make/reuse a low-bit copy as draft
+    .venv/bin/python -m benchmarks.bench_spec [MODEL] [--tokens N] [--repeats R] [--spec MODE]
+    .venv/bin/python -m benchmarks.bench_spec [MODEL] --self-draft Q2_K     # make/reuse a low-bit copy as draft
 
 Workloads (greedy): a code continuation sent several times (n-gram speculation learns from what
 the server generated before, so the first run and the repeats are reported apart) and a prose prompt.
@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bostudio.runtime.client import LlamaClient
+from bostudio.runtime.net import free_loopback_port
 from bostudio.runtime.process import ServerProcess
 from bostudio.catalog.resolve import resolve_model
 from bostudio.engine.discover import find_engine
@@ -38,16 +39,9 @@ COMPLETION_TIMEOUT_S = 900.0  # a loaded shared CPU can take minutes for one req
 PROSE = "The history of the printing press begins in the fifteenth century, when"
 
 
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure(opts: UpOptions, tokens: int, repeats: int, logdir: Path) -> tuple[Prepared, dict]:
     """Launch exactly what `bostudio up` would for `opts`, and time the workloads."""
-    prep = prepare_launch(replace(opts, port=free_port()), note=lambda m: None)
+    prep = prepare_launch(replace(opts, port=free_loopback_port()), note=lambda m: None)
     server = ServerProcess(prep.argv, prep.launch.port, logdir / f"{opts.spec}.log")
     server.start()
     try:
@@ -65,7 +59,7 @@ def measure(opts: UpOptions, tokens: int, repeats: int, logdir: Path) -> tuple[P
 
 
 def time_up(model: str | None) -> float:
-    port = free_port()
+    port = free_loopback_port()
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "bostudio", "up", *( [model] if model else []), "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

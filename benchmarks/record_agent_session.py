@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Record a real Claude Code session for `bostudio bench --workload DIR` (issue 22's recorded session).
 
-    .venv/bin/python scripts/record_agent_session.py OUT_DIR [MODEL] [--turns 8] [--max-output 512]
+    .venv/bin/python -m benchmarks.record_agent_session OUT_DIR [MODEL] [--turns 8] [--max-output 512]
 
 What it does, all of it in a scratch directory that is removed afterwards (OUT_DIR is kept):
 - a project for the agent to work in: a git-initialised copy of bostudio's own package and README;
@@ -15,7 +15,7 @@ What it does, all of it in a scratch directory that is removed afterwards (OUT_D
 were made on) can repeat itself until the output limit with the launch default (a quarter of the context):
 the conversation then outgrows the context and Claude Code's own compaction fails. Without MODEL, the
 default (Qwen2.5-Coder-1.5B-Instruct) is recorded. Every request body lands in OUT_DIR as
-NNNNNN.json; replay it with `bostudio bench --workload OUT_DIR` or `scripts/bench_agent_goal.py --recorded
+NNNNNN.json; replay it with `bostudio bench --workload OUT_DIR` or `benchmarks/bench_agent_goal.py --recorded
 OUT_DIR`. Prints each turn's wall time and the number of requests recorded.
 """
 

@@ -4,7 +4,7 @@ model split over two rpc-servers on 127.0.0.1 (plus the local CPU), interleaved 
 speculation off so the number is the split's alone. Launches exactly what `bostudio up` would
 (prepare_launch), with per-worker budgets that force a three-way split.
 
-    .venv/bin/python scripts/bench_rpc.py [MODEL] [--tokens N] [--rounds R]
+    .venv/bin/python -m benchmarks.bench_rpc [MODEL] [--tokens N] [--rounds R]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from bostudio.planner.memory import MIB
 from bostudio.planner.pool import placement_lines
 from bostudio.rpc.serve import RpcServeOptions, serve_argv
 from bostudio.runtime.client import LlamaClient
+from bostudio.runtime.net import free_loopback_port
 from bostudio.runtime.process import ServerProcess
 from bostudio.up import UpOptions, prepare_launch
 
@@ -35,15 +36,8 @@ PROSE = "The history of the printing press begins in the fifteenth century, when
 TIMEOUT_S = 900.0
 
 
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_worker(rpc_server: Path, logdir: Path) -> tuple[subprocess.Popen, int]:
-    port = free_port()
+    port = free_loopback_port()
     out = logdir / f"rpc-{port}.log"
     proc = subprocess.Popen(serve_argv(rpc_server, RpcServeOptions(port=port, threads=1)),
                             stdout=open(out, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -59,7 +53,7 @@ def start_worker(rpc_server: Path, logdir: Path) -> tuple[subprocess.Popen, int]
 
 
 def measure(opts: UpOptions, tokens: int, logdir: Path, tag: str) -> tuple[float, list[str]]:
-    prep = prepare_launch(replace(opts, port=free_port()), note=lambda m: print(m, file=sys.stderr))
+    prep = prepare_launch(replace(opts, port=free_loopback_port()), note=lambda m: print(m, file=sys.stderr))
     server = ServerProcess(prep.argv, prep.launch.port, logdir / f"{tag}.log")
     server.start()
     try:

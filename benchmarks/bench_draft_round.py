@@ -5,7 +5,7 @@ three times: a decode step of each, and the target's batch of k new tokens after
 verifying k-1 drafted tokens costs). Prints each in target decode steps, and the round cost the pairing
 model (bostudio.pairing.cost.StepCost.round_cost) predicts from them, beside its own estimate.
 
-Run: .venv/bin/python scripts/bench_draft_round.py TARGET.gguf DRAFT.gguf [--threads 1]
+Run: .venv/bin/python -m benchmarks.bench_draft_round TARGET.gguf DRAFT.gguf [--threads 1]
 """
 
 from __future__ import annotations
@@ -14,28 +14,16 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bostudio.engine.discover import find_engine  # noqa: E402
-from bostudio.gguf import describe  # noqa: E402
-from bostudio.pairing.cost import draft_step_cost  # noqa: E402
+from bostudio.engine.discover import find_engine
+from bostudio.gguf import describe
+from bostudio.pairing.cost import draft_step_cost
+from bostudio.runtime.net import free_loopback_port
 
 BATCHES = (1, 2, 4, 9, 17)
-
-
-def _port() -> int:
-    import socket
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def _post(port: int, path: str, body: dict) -> dict:
@@ -45,7 +33,7 @@ def _post(port: int, path: str, body: dict) -> dict:
 
 
 def _start(server: Path, model: Path, threads: int) -> tuple[int, subprocess.Popen]:
-    port = _port()
+    port = free_loopback_port()
     proc = subprocess.Popen([str(server), "-m", str(model), "--port", str(port), "-c", "2048", "-np", "1",
                              "-t", str(threads), "-tb", str(threads), "--no-warmup"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

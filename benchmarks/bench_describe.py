@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time bostudio's describe() against gguf-py's GGUFReader on one GGUF (default: the Gemma 3 270M file).
 
-    python scripts/bench_describe.py [MODEL.gguf]
+    python -m benchmarks.bench_describe [MODEL.gguf]
 
 One run of each, cold-ish (the file is read once first so both see a warm page cache); prints both times and
 the ratio. The target is describe() at least 100x faster on the 262k-token Gemma vocabulary.

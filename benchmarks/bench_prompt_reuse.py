@@ -12,7 +12,7 @@ chat completions) with a long stable agent prefix.
 Target: after a reload, TTFT <= 10% of cold. Each row also shows llama-server's own counters
 (cache_n: prompt tokens from the cache, prompt_n: tokens computed).
 
-Usage: scripts/bench_prompt_reuse.py [--model NAME_OR_PATH] [--prefix-tokens N] [--conv-tokens N]
+Usage: python -m benchmarks.bench_prompt_reuse [--model NAME_OR_PATH] [--prefix-tokens N] [--conv-tokens N]
 It starts its own daemon (temporary state and prompt-store dirs, free port) and stops it at the end.
 """
 
@@ -29,10 +29,9 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bostudio.runtime.net import free_loopback_port
 
-from tests.netutil import free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 TOKENS_PER_SECTION = 52  # what one agent_prefix section costs on Gemma's tokenizer (measured via /tokenize)
 
@@ -106,7 +105,7 @@ def main() -> int:
     rows: list[tuple[str, float, dict]] = []
     with tempfile.TemporaryDirectory(prefix="bench-reuse-") as tmp:
         root = Path(tmp)
-        d = Daemon(root, free_port(), root / "prompts").start()
+        d = Daemon(root, free_loopback_port(), root / "prompts").start()
         prefix = agent_prefix("main", args.prefix_tokens // TOKENS_PER_SECTION)
         try:
             with httpx.Client(base_url=d.url, trust_env=False) as http:
@@ -138,7 +137,7 @@ def main() -> int:
 
     cold = rows[0][1]
     warm = rows[1][1]
-    print(f"\n| run | TTFT (s) | vs cold | vs warm | cache_n | prompt_n |\n|---|---:|---:|---:|---:|---:|")
+    print("\n| run | TTFT (s) | vs cold | vs warm | cache_n | prompt_n |\n|---|---:|---:|---:|---:|---:|")
     for label, secs, t in rows:
         print(f"| {label} | {secs:.2f} | {100 * secs / cold:.1f}% | {secs / warm:.2f}x | {t.get('cache_n', '-')} "
               f"| {t.get('prompt_n', '-')} |")

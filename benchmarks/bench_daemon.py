@@ -5,7 +5,7 @@ directly on its own port, interleaved in one run.
     decode throughput through the daemon / direct   (target >= 98%)
     added time to first token, median                (target <= 2 ms)
 
-Usage: scripts/bench_daemon.py [--model NAME_OR_PATH] [--runs N] [--tokens N] [--ttft-runs N]
+Usage: python -m benchmarks.bench_daemon [--model NAME_OR_PATH] [--runs N] [--tokens N] [--ttft-runs N]
 It starts its own daemon (temporary state dir, free port) and stops it at the end.
 """
 
@@ -25,10 +25,9 @@ from pathlib import Path
 import httpx
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bostudio.runtime.net import free_loopback_port
 
-from tests.netutil import free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def stream(http: httpx.Client, body: dict) -> tuple[float, list[float], dict]:
@@ -75,7 +74,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-daemon-"))
     env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CONFIG_HOME=str(tmp / "config"),
                PYTHONPATH=str(ROOT))
-    port = free_port()
+    port = free_loopback_port()
     extra = ["--engine", args.engine] if args.engine else []
     daemon = subprocess.Popen([sys.executable, "-m", "bostudio", "daemon", "--port", str(port), "--idle-ttl", "0",
                                *extra],

@@ -1,4 +1,5 @@
-"""Small GGUF files for tests, written with gguf-py's GGUFWriter (the reference writer).
+"""Small synthetic GGUF files for the tests and the benchmarks (benchmarks/), written with gguf-py's GGUFWriter
+(the reference writer).
 
 `write_model(path, arch, kv, tensors)`: kv maps keys *without* the "{arch}." prefix when they start with
 "." (".block_count" -> "llama.block_count"); ints are written as UINT32, floats FLOAT32, lists as arrays.

@@ -14,7 +14,7 @@
    every turn alone and beside N busy processes. Goal: the planned threads decode at least 0.5x their idle
    speed beside the load (all cores, llama.cpp's default, is measured beside it for comparison).
 
-    .venv/bin/python scripts/bench_agent_goal.py [MODEL] [--out DIR] [--recorded DIR] [--budget-s 900]
+    .venv/bin/python -m benchmarks.bench_agent_goal [MODEL] [--out DIR] [--recorded DIR] [--budget-s 900]
                                                  [--recorded-budget-s S] [--recorded-runs N] [--statics 4]
                                                  [--tokens 128]
                                                  [--turns 12] [--prefix-tokens 18000] [--load 1] [--runs 3]

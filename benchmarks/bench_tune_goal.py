@@ -4,7 +4,7 @@ that draft-simple is in the sweep), then one `bostudio bench` run with off, `aut
 runs it), the sweep's three best, every n-gram variant, self-draft and draft-simple (the model drafting for
 itself). Prints markdown tables and, per workload, auto / the best configuration and auto / off.
 
-    .venv/bin/python scripts/bench_tune_goal.py [MODEL] [--out DIR] [--budget code=1200,edit=600,chat=600]
+    .venv/bin/python -m benchmarks.bench_tune_goal [MODEL] [--out DIR] [--budget code=1200,edit=600,chat=600]
                                                  [--runs code=5,edit=10,chat=10] [--tokens N]
 
 Profiles go to DIR/state (not your own), so a run changes nothing `bostudio up` uses. About 65 minutes on 2
