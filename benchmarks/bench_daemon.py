@@ -70,6 +70,8 @@ def main() -> int:
     ap.add_argument("--spec", default="off", help="speculation of the instance (default off: steadier numbers)")
     ap.add_argument("--engine", default=None, help="llama-server binary (default: the one bostudio chooses)")
     args = ap.parse_args()
+    if args.ttft_runs < 2:
+        ap.error("--ttft-runs must be at least 2 (the report has a p90)")
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-daemon-"))
     env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_CONFIG_HOME=str(tmp / "config"),

@@ -35,7 +35,10 @@ def _post(port: int, path: str, body: dict) -> dict:
 def _start(server: Path, model: Path, threads: int) -> tuple[int, subprocess.Popen]:
     port = free_loopback_port()
     proc = subprocess.Popen([str(server), "-m", str(model), "--port", str(port), "-c", "2048", "-np", "1",
-                             "-t", str(threads), "-tb", str(threads), "--no-warmup"],
+                             "-t", str(threads), "-tb", str(threads), "--no-warmup",
+                             # a sliding-window model (Gemma 3) reuses a cached prefix only with a full-size
+                             # window cache; without it a "batch of k" recomputes part of the prefix
+                             "--swa-full"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

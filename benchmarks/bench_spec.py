@@ -96,6 +96,8 @@ def main() -> None:
     print(f"launch: {' '.join(prep.argv[1:])}")
     print(f"\n{'workload':22s} {'off tok/s':>10s} {'spec tok/s':>11s} {'ratio':>7s} {'accepted/drafted':>18s}")
     for name in off:
+        if not off[name]:  # --repeats 1: the first run and no repeats
+            continue
         a = statistics.mean(t["predicted_per_second"] for t in off[name])
         b = statistics.mean(t["predicted_per_second"] for t in on[name])
         drafted = sum(t.get("draft_n", 0) for t in on[name])
