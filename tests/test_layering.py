@@ -4,7 +4,7 @@ above its own, imports inside functions included.
 In the spirit of import-linter's contracts (harlequin keeps its UI-free core that way), done with an AST walk
 so that no tool is needed: every `import` and `from ... import` anywhere in a module (top level, functions,
 `if TYPE_CHECKING:` blocks), relative forms resolved, and `importlib.import_module("literal")`. LAYERS below is
-the order, bottom first; the design note (DESIGN.md, "Layers") describes it in words.
+the order, bottom first; docs/architecture.md ("Layers") describes it in words.
 """
 
 from __future__ import annotations
