@@ -3,8 +3,8 @@ the real Claude Code and opencode CLIs (pinned, from npm, in .agents/), each in 
 from `bostudio launch AGENT --print --json`, each asked to create a file and run it. A task is done when its
 file exists and runs: the tests check the file and what it prints, never the agent's words.
 
-Codex is not among them: on this 1.5B model it did not finish either task in five tries (README, "Coding
-agents"); test_agents_real.py runs it on the small fixture for what the daemon guarantees it.
+Codex is not among them: on this 1.5B model it did not finish either task in five tries (BENCHMARKS.md,
+"Coding agents on this machine"); test_agents_real.py runs it on the small fixture for what the daemon guarantees it.
 
 One session crosses Claude Code's compaction point (a command prints about 6k tokens into a 32k context
 whose own prompt is about 12k): the CLI compacts, no request ends in a 400, and the task after it is done.

@@ -134,6 +134,6 @@ def test_record_agent_session_runs(engine, gemma_gguf: Path, tmp_path: Path) -> 
     (about a minute on a quiet 2-core CPU)."""
     if not (AGENT_BIN / "claude").exists():
         pytest.fail(f"Claude Code is not in {AGENT_BIN}: run scripts/setup_agents.sh (scripts/test.sh does)")
-    out = run("record_agent_session", str(tmp_path / "rec"), str(gemma_gguf), "--turns", "1", "--max-output", "16",
+    out = run("record_agent_session", str(tmp_path / "rec"), gemma_gguf.stem, "--turns", "1", "--max-output", "16",
               timeout=1200)
     assert "request(s) recorded" in out and list((tmp_path / "rec").glob("*.json"))
