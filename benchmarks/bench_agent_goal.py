@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: issue 22's goals, end to end, in one command. Run it on a QUIET machine.
+"""Benchmark: the agent-session goals, end to end, in one command. Run it on a QUIET machine.
 
 1. Agent sessions: each session is tuned on itself, as a user would (`bostudio tune --workload agent` for the
    shipped session; `bostudio tune --workload DIR` for a recording, whose profile `up --workload NAME` runs),
@@ -36,9 +36,9 @@ import sys
 from pathlib import Path
 
 
-# llama.cpp's n-gram types at their defaults: the static configurations a goal run sets auto against when no
-# tune ran (--skip-tune), so that "the best static configuration" is not only what tune reached (run 6: tune
-# measured ngram-mod alone, and ngram-simple, which it never saw, ran 4% faster on the recorded session).
+# llama.cpp's n-gram types at their defaults: the static configurations this benchmark sets auto against when
+# no tune ran (--skip-tune), so that "the best static configuration" is not only what tune reached (BENCHMARKS.md,
+# run 6: tune measured ngram-mod alone, and ngram-simple, which it never saw, ran 4% faster on the recording).
 NGRAM_DEFAULTS = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
 NGRAM_TYPES = (*NGRAM_DEFAULTS, "ngram-cache")
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Benchmark: issue 12's goal, end to end. For each workload, `bostudio tune` (with a self-draft copy, so
-that draft-simple is in the sweep), then one `bostudio bench` run with off, `auto@W` (as `up --workload W`
-runs it), the sweep's three best, every n-gram variant, self-draft and draft-simple (the model drafting for
-itself). Prints markdown tables and, per workload, auto / the best configuration and auto / off.
+"""Benchmark: the tune goal (auto within reach of the best measured configuration), end to end. For each
+workload, `bostudio tune` (with a self-draft copy, so that draft-simple is in the sweep), then one
+`bostudio bench` run with off, `auto@W` (as `up --workload W` runs it), the sweep's three best, every n-gram
+variant, self-draft and draft-simple (the model drafting for itself). Prints markdown tables and, per
+workload, auto / the best configuration and auto / off.
 
     .venv/bin/python -m benchmarks.bench_tune_goal [MODEL] [--out DIR] [--budget code=1200,edit=600,chat=600]
                                                  [--runs code=5,edit=10,chat=10] [--tokens N]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Record a real Claude Code session for `bostudio bench --workload DIR` (issue 22's recorded session).
+"""Record a real Claude Code session for `bostudio bench --workload DIR` (the recorded session of BENCHMARKS.md).
 
     .venv/bin/python -m benchmarks.record_agent_session OUT_DIR [MODEL] [--turns 8] [--max-output 512]
 

@@ -473,7 +473,7 @@ def test_session_tune_screens_every_ngram_type_in_one_pass() -> None:
     assert screen_goes_on([], 12, 6, 0, 1) and screen_goes_on([360.0], 12, 6, 360, 1)  # two turns always run
     assert screen_goes_on([360.0, 60.0, 60.0], 12, 6, 480, 480 + 60 + 340)
     assert not screen_goes_on([360.0, 60.0, 60.0], 12, 6, 481, 480 + 60 + 340)
-    # a cold turn late in a recording counts once, not for every turn after it (run 8: 2,600 s for 554 s)
+    # a cold turn late in a recording counts once, not for every turn after it (else 2,600 s for a 554 s pass)
     assert screen_estimate([480.0] + [50.0] * 13 + [380.0], 21, 6) == pytest.approx(2 / 6 * (1510 + 6 * 1030 / 14))
 
 
@@ -504,7 +504,7 @@ def test_session_tune_retimes_off_with_the_candidates_decode() -> None:
     assert session_floor(0.17) == pytest.approx(MIN_NOISE * 0.17) and session_floor(2.0) == MIN_NOISE
 
     t = Tally(Candidate("ngram-simple", Speculator("ngram", ("ngram-simple",))))
-    for i, (r, d) in enumerate([(1.026, 1.15), (1.032, 1.17)]):  # goal run 6's shipped session, retimed
+    for i, (r, d) in enumerate([(1.026, 1.15), (1.032, 1.17)]):  # a measured shipped session, retimed
         t.baseline.append(Sample("agent", None, "off", i, 1.0, None, 100, 0, 0, 30.0))
         t.samples.append(Sample("agent", None, "ngram-simple", i, r, None, 100, 50, 40, 30.0 * d))
     assert choose_config([t]).chosen is None  # 2.6% is under the 3% floor of a figure timed whole

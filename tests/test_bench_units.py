@@ -504,7 +504,7 @@ def test_daemon_flags_then_relaunches_an_idle_auto_instance(tmp_path: Path, monk
 
     sup.restart = restart  # type: ignore[method-assign]
     cfg = ModelConfig("m", tmp_path / "m.gguf", 4096, "auto")
-    # drafts already at the shortest length (issue 22: longer ones are shortened first, tests/test_draft_length.py)
+    # drafts already at the shortest length (longer ones are shortened first, tests/test_draft_length.py)
     inst = Instance(cfg, state=READY, speculator=Speculator("ngram", ("ngram-mod",),
                                                             ngram_params=(("ngram-mod", "n_max", 2),)))
     inst.stats = replay(PROSE)
@@ -561,7 +561,7 @@ def speculator_json_mtp() -> dict:
 
 def test_bench_never_gives_two_servers_one_port_and_retries_a_taken_one(monkeypatch: pytest.MonkeyPatch,
                                                                        tmp_path: Path) -> None:
-    """The OS may hand out a port again while the server it went to has not bound it yet (goal run 7: a
+    """The OS may hand out a port again while the server it went to has not bound it yet (measured: a
     restart's fifth server got the first's port, and the bench died after an hour). Bench picks again for a port
     one of its servers holds, and starts a server whose port was taken anyway on another one."""
     from bostudio.bench import runner

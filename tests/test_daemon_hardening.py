@@ -526,7 +526,7 @@ def test_the_token_is_checked_before_any_body_is_read(tmp_path: Path, fake_root:
         assert d.stop() == 0
 
 
-# ------------------------------------------------------------------ second pass (issue 35)
+# ------------------------------------------------------------------ second pass: what the first one missed
 
 def test_setting_speculation_by_path_takes_the_same_model_path_check(daemon: DaemonProc, fake_root: Path) -> None:
     (fake_root / "elsewhere" / "notes.txt").write_text("not a model")

@@ -1,6 +1,6 @@
 """Lossless: with greedy sampling, speculation changes no output token. Proven exactly on full precision.
 
-Why full precision (measured for issue 9): on the embedded Q4_K_M file, greedy output with a self-draft
+Why full precision (measured): on the embedded Q4_K_M file, greedy output with a self-draft
 (`--spec-type draft-simple`, the model as its own draft, `--spec-draft-n-max 8`) departs from the output
 without speculation on all 4 prompts tried on an AVX-512 AMD EPYC, at margins of 0.358, 0.050 and 0.341 nats;
 on the fourth prompt speculation took the third candidate, 0.22 nats behind the best. Evaluating the same

@@ -1,4 +1,4 @@
-"""Prefill progress (issue 33), the pure parts: the rate and time-left arithmetic, the tracker that turns
+"""Prefill progress, the pure parts: the rate and time-left arithmetic, the tracker that turns
 llama-server's /slots answers and the prompts admission counted into prompts in progress, the stats kept
 from a finished request's timings, and how `ps`, the TUI and `launch` say it. The /slots shapes below are
 the pinned llama-server's (server-context.cpp, server_slot::to_json with only_metrics)."""

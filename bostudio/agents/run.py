@@ -57,7 +57,7 @@ def prepare(agent: str, model: str | None, ctx: int | None = None, host: str = "
 def first_turn_note(agent: str, inst: dict) -> str:
     """What `launch` tells the user before it hands the terminal to the agent: the first request is a long
     prompt that takes a while on a CPU (estimated from the model's last long prefill when there is one),
-    later ones reuse its cached prefix, and where to watch the progress (issue 33)."""
+    later ones reuse its cached prefix, and where to watch the progress."""
     name = AGENT_NAMES.get(agent, agent)
     tokens = FIRST_TURN_TOKENS.get(agent)
     size = f"about {tokens / 1000:.0f}k tokens" if tokens else "thousands of tokens"
