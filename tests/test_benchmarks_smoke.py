@@ -28,13 +28,14 @@ PROGRAMS = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in SHARED)
 RUN_TIMEOUT_S = 600  # a loaded 2-core machine; each run takes well under that when it is quiet
 
 
-def run(program: str, *args: str, timeout: float = RUN_TIMEOUT_S, env: dict | None = None) -> str:
+def run(program: str, *args: str, timeout: float = RUN_TIMEOUT_S, env: dict | None = None,
+        exits: tuple[int, ...] = (0,)) -> str:
     """Run `python -m benchmarks.PROGRAM ARGS` in the repository root; its stdout and stderr, or fail with them."""
     env = dict(os.environ if env is None else env, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-m", f"benchmarks.{program}", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"benchmarks.{program} exited {proc.returncode}:\n{out[-3000:]}"
+    assert proc.returncode in exits, f"benchmarks.{program} exited {proc.returncode}:\n{out[-3000:]}"
     return out
 
 
@@ -131,9 +132,12 @@ def test_bench_agent_goal_runs(engine, gemma_gguf: Path, tmp_path: Path) -> None
 @pytest.mark.engine
 def test_record_agent_session_runs(engine, gemma_gguf: Path, tmp_path: Path) -> None:
     """The one slow run: Claude Code's first request is its ~12k-token system prompt and tools, prefilled once
-    (about a minute on a quiet 2-core CPU)."""
+    (about a minute on a quiet 2-core CPU, 5.5 min on a loaded one). The base model's answer may end Claude
+    Code's turn with an error (exit 1 when every turn did): that is the agent's verdict on a 270M model, not
+    the program's; what the program must do is record the requests."""
     if not (AGENT_BIN / "claude").exists():
         pytest.fail(f"Claude Code is not in {AGENT_BIN}: run scripts/setup_agents.sh (scripts/test.sh does)")
     out = run("record_agent_session", str(tmp_path / "rec"), gemma_gguf.stem, "--turns", "1", "--max-output", "16",
-              timeout=1200)
-    assert "request(s) recorded" in out and list((tmp_path / "rec").glob("*.json"))
+              timeout=1200, exits=(0, 1))
+    assert "recording into" in out and "done: replay it with" in out
+    assert list((tmp_path / "rec").glob("*.json")), "no request recorded"
