@@ -5,7 +5,6 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from bostudio.bench import agent, measure
 from bostudio.bench.load import CompetingLoad
@@ -139,9 +138,3 @@ def run_agent_bench(opts: BenchOptions, progress: Callable[[int, int, str], None
                                  "draft": str(c.speculator.draft) if c.speculator.draft else None,
                                  "argv": argv[c.label]} for c in configs}}
     return [], measure.Projection(0, tokens, {}), doc
-
-
-def write_plot(rows: list[measure.Row], out: Path, title: str) -> Path:
-    from bostudio.bench.report import plot
-
-    return plot(rows, out, title)
