@@ -31,9 +31,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from benchmarks.commands import bostudio
 
 
 # llama.cpp's n-gram types at their defaults: the static configurations this benchmark sets auto against when
@@ -41,17 +42,6 @@ from pathlib import Path
 # run 6: tune measured ngram-mod alone, and ngram-simple, which it never saw, ran 4% faster on the recording).
 NGRAM_DEFAULTS = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
 NGRAM_TYPES = (*NGRAM_DEFAULTS, "ngram-cache")
-
-
-def bostudio(args: list[str], out: Path, env: dict[str, str]) -> dict | list:
-    """One bostudio command with --json; progress to OUT.err, JSON to OUT.json."""
-    with open(out.with_suffix(".err"), "w") as err:
-        proc = subprocess.run([sys.executable, "-m", "bostudio", *args, "--json"], stdout=subprocess.PIPE,
-                              stderr=err, text=True, env=env)
-    if proc.returncode != 0:
-        sys.exit(f"bostudio {args[0]} failed (exit {proc.returncode}); see {out.with_suffix('.err')}")
-    out.with_suffix(".json").write_text(proc.stdout)
-    return json.loads(proc.stdout)
 
 
 def session_table(doc: dict) -> str:

@@ -16,28 +16,17 @@ machine widens their spread.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from benchmarks.commands import bostudio
 
 NGRAM = "ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache"
 
 
 def per_workload(value: str) -> dict[str, int]:
     return {k: int(v) for k, _, v in (part.partition("=") for part in value.split(","))}
-
-
-def bostudio(args: list[str], out: Path, env: dict[str, str]) -> dict | list:
-    """Run one bostudio command with --json; its progress goes to OUT.err, its JSON to OUT.json."""
-    with open(out.with_suffix(".err"), "w") as err:
-        proc = subprocess.run([sys.executable, "-m", "bostudio", *args, "--json"], stdout=subprocess.PIPE,
-                              stderr=err, text=True, env=env)
-    if proc.returncode != 0:
-        sys.exit(f"bostudio {args[0]} failed (exit {proc.returncode}); see {out.with_suffix('.err')}")
-    out.with_suffix(".json").write_text(proc.stdout)
-    return json.loads(proc.stdout)
 
 
 def tune_table(res: dict) -> str:

@@ -23,7 +23,7 @@ from tests.agent_util import AGENT_BIN
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "benchmarks"
 # The programs (modules with a main); the other modules are what they share with the tests.
-SHARED = {"__init__", "hubserver", "lossless"}
+SHARED = {"__init__", "commands", "hubserver", "lossless"}
 PROGRAMS = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in SHARED)
 RUN_TIMEOUT_S = 600  # a loaded 2-core machine; each run takes well under that when it is quiet
 

@@ -160,6 +160,25 @@ def test_every_page_a_page_links_exists() -> None:
 
 # ----------------------------------------------------------------- the check can fail
 
+def failures(check, lines: list[Line]) -> list[str]:
+    """What `check` says about each line it refuses."""
+    out = []
+    for line in lines:
+        try:
+            check(line)
+        except AssertionError as exc:
+            out.append(str(exc))
+    return out
+
+
+def readme_with(tmp_path: Path, right: str, wrong: str) -> Path:
+    text = (ROOT / "README.md").read_text()
+    assert right in text
+    page = tmp_path / "README.md"
+    page.write_text(text.replace(right, wrong, 1))
+    return page
+
+
 @pytest.mark.parametrize("typo", [
     ("bostudio bench --workload code", "bostudio bench --worklaod code"),
     ("bostudio daemon start", "bostudio deamon start"),
@@ -167,28 +186,11 @@ def test_every_page_a_page_links_exists() -> None:
     ("bostudio ps", "bostudio pss"),
 ])
 def test_a_misspelt_shell_command_fails(tmp_path: Path, typo: tuple[str, str]) -> None:
-    right, wrong = typo
-    text = (ROOT / "README.md").read_text()
-    page = tmp_path / "README.md"
-    assert f"\n{right}" in text, "a line of a shell block starts with it"
-    page.write_text(text.replace(f"\n{right}", f"\n{wrong}", 1))
-    failures = []
-    for line in shell_lines(page):
-        try:
-            check_line(line)
-        except AssertionError as exc:
-            failures.append(str(exc))
-    assert len(failures) == 1 and wrong in failures[0], failures
+    right, wrong = typo  # at the start of a line: in a shell block, not in the command table
+    found = failures(check_line, shell_lines(readme_with(tmp_path, f"\n{right}", f"\n{wrong}")))
+    assert len(found) == 1 and wrong in found[0], found
 
 
 def test_a_misspelt_option_in_the_command_table_fails(tmp_path: Path) -> None:
-    text = (ROOT / "README.md").read_text()
-    page = tmp_path / "README.md"
-    page.write_text(text.replace("[--idle-ttl S]", "[--idle-tll S]", 1))
-    failures = []
-    for line in table_commands(page):
-        try:
-            check_synopsis(line)
-        except AssertionError as exc:
-            failures.append(str(exc))
-    assert len(failures) == 1 and "--idle-tll" in failures[0]
+    found = failures(check_synopsis, table_commands(readme_with(tmp_path, "[--idle-ttl S]", "[--idle-tll S]")))
+    assert len(found) == 1 and "--idle-tll" in found[0], found
