@@ -33,7 +33,7 @@ from tests.agent_util import agent_env, launch_print
 from tests.daemon_util import DaemonProc
 
 HANG_GUARD_S = 2400
-pytestmark = [pytest.mark.engine, pytest.mark.agent_tasks]
+pytestmark = [pytest.mark.engine, pytest.mark.agent_tasks, pytest.mark.timeout(2 * HANG_GUARD_S)]
 
 HELLO = "Create a file hello.py that prints hello, then run it with python3."
 
