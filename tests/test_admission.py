@@ -1,4 +1,4 @@
-"""Admission into a child's KV pool (bostudio.daemon.admission), without a server: reservations fit the
+"""Admission into a child's KV pool (bostudio.daemon.supervise.admission), without a server: reservations fit the
 pool or wait first come first served, a wait is bounded and a cancelled waiter leaves the line, what a
 request reserves, and llama-server's own context error read back."""
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from bostudio.daemon.admission import (DRAFT_ROOM, Admission, QueueTimeout, exceed_message, output_budget, reservation,
+from bostudio.daemon.supervise.admission import (DRAFT_ROOM, Admission, QueueTimeout, exceed_message, output_budget, reservation,
                                        too_long)
 
 
@@ -105,8 +105,8 @@ def test_a_load_plans_with_idle_models_memory_as_free_and_the_budget_on_the_host
     the room), a busy one's does not, and the host holds at most the memory budget less the busy models."""
     from pathlib import Path
 
-    from bostudio.daemon import supervisor as sv
-    from bostudio.daemon.events import EventBus
+    from bostudio.daemon.supervise import supervisor as sv
+    from bostudio.daemon.supervise.events import EventBus
     from bostudio.engine.discover import Engine
     from bostudio.hardware.device import GIB, Device, ProbeResult
 

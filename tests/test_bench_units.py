@@ -17,8 +17,8 @@ from bostudio.bench.measure import OFF, Sample, accept_length, project, report_j
 from bostudio.bench.tune import (Candidate, Tally, break_even_acceptance, candidates, choose_config, halve,
                                  median_interval, ranking, round_prompts)
 from bostudio.bench.workloads import SHIPPED, WORKLOADS, filler_code, resolve_workloads
-from bostudio.daemon import policy
-from bostudio.daemon.stats import InstanceStats
+from bostudio.daemon.supervise import policy
+from bostudio.daemon.supervise.stats import InstanceStats
 from bostudio.engine.discover import Engine, KNOWN_SPEC_TYPES
 from bostudio.errors import ConfigError
 from bostudio.speculation import Speculator
@@ -491,8 +491,8 @@ def test_daemon_flags_then_relaunches_an_idle_auto_instance(tmp_path: Path, monk
     with speculation off for this workload until the workload changes."""
     import asyncio
 
-    from bostudio.daemon.events import EventBus
-    from bostudio.daemon.supervisor import READY, Instance, ModelConfig, Supervisor, SupervisorOptions
+    from bostudio.daemon.supervise.events import EventBus
+    from bostudio.daemon.supervise.supervisor import READY, Instance, ModelConfig, Supervisor, SupervisorOptions
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     bus = EventBus()
@@ -535,7 +535,7 @@ def test_daemon_flags_then_relaunches_an_idle_auto_instance(tmp_path: Path, monk
 
 
 def test_fallback_takes_the_next_best_kind_else_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from bostudio.daemon.supervisor import fallback_speculator
+    from bostudio.daemon.supervise.supervisor import fallback_speculator
     from bostudio.gguf import describe
     from tests.gguf_factory import tiny_llama
 

@@ -16,10 +16,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bostudio.daemon import policy, security, state
-from bostudio.daemon.guard import check_request
+from bostudio.daemon import state
+from bostudio.daemon.http import security
+from bostudio.daemon.supervise import policy
+from bostudio.daemon.http.guard import check_request
 from bostudio.daemon.service import install_unit, launchd_plist, systemd_unit
-from bostudio.daemon.stats import InstanceStats, timings_from_sse
+from bostudio.daemon.supervise.stats import InstanceStats, timings_from_sse
 from bostudio.runtime.metrics import parse_metrics
 from bostudio.errors import ConfigError, DaemonError, RequestError
 from bostudio.runtime.net import is_loopback

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bostudio.daemon.policy import (KEEP, LONGER, OFF, SHORTER, adapt_draft_length, judge_acceptance)
+from bostudio.daemon.supervise.policy import (KEEP, LONGER, OFF, SHORTER, adapt_draft_length, judge_acceptance)
 from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.speculation import Speculator, draft_length, draft_length_ceiling, with_draft_length
 from bostudio.tui.format import draft_length_line, speculation_banner
@@ -104,9 +104,9 @@ def test_daemon_shortens_drafts_when_idle_then_drops_them_at_the_floor(tmp_path:
     relaunched at the next idle moment with that length; speculation is not switched off for it."""
     import asyncio
 
-    from bostudio.daemon.events import EventBus
-    from bostudio.daemon.stats import InstanceStats
-    from bostudio.daemon.supervisor import READY, Instance, ModelConfig, Supervisor, SupervisorOptions
+    from bostudio.daemon.supervise.events import EventBus
+    from bostudio.daemon.supervise.stats import InstanceStats
+    from bostudio.daemon.supervise.supervisor import READY, Instance, ModelConfig, Supervisor, SupervisorOptions
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     bus = EventBus()

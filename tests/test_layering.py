@@ -42,7 +42,17 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {"rpc": ("bostudio.rpc",), "profiles": ("bostudio.profiles",)},
     {"pairing edge": ("bostudio.pairing.pair", "bostudio.pairing.probe", "bostudio.pairing.fetch")},
     {"launch": ("bostudio.launch",)},
-    {"up": ("bostudio.up",), "daemon": ("bostudio.daemon",), "bench": ("bostudio.bench",)},
+    # the daemon's modules beside its two halves: its defaults, the pid/state file, what a model serves (from
+    # its header), which paths the control API may load
+    {"daemon core": ("bostudio.daemon", "bostudio.daemon.state", "bostudio.daemon.capabilities",
+                     "bostudio.daemon.modelpaths")},
+    # supervision of the children (lifecycle, effects, policy, stats, events) knows nothing of HTTP ...
+    {"daemon supervise": ("bostudio.daemon.supervise",)},
+    # ... and the HTTP edge (app, limits, auth, Host/Origin, field allow-list, routes) asks it for children
+    {"daemon http": ("bostudio.daemon.http",)},
+    # the daemon process (serve, start/stop in the background) wires both; its client is what the CLI uses
+    {"up": ("bostudio.up",), "daemon": ("bostudio.daemon.service", "bostudio.daemon.client"),
+     "bench": ("bostudio.bench",)},
     # clients of the daemon: the TUI talks to it through its client; `launch AGENT` points an agent CLI at it
     {"tui": ("bostudio.tui",), "agents": ("bostudio.agents",)},
     # the CLI opens the TUI (`bostudio` alone)

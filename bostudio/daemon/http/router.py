@@ -17,13 +17,14 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from bostudio.daemon import admission, record, toolrescue
+from bostudio.daemon.http import record, toolrescue
+from bostudio.daemon.supervise import admission
 from bostudio.daemon.capabilities import GENERATE, model_caps
-from bostudio.daemon.fields import filter_body
-from bostudio.daemon.guard import check_request
-from bostudio.daemon.normalise import normalise
-from bostudio.daemon.stats import timings_from_body, timings_from_sse
-from bostudio.daemon.supervisor import Instance, Supervisor
+from bostudio.daemon.http.fields import filter_body
+from bostudio.daemon.http.guard import check_request
+from bostudio.daemon.http.normalise import normalise
+from bostudio.daemon.supervise.stats import timings_from_body, timings_from_sse
+from bostudio.daemon.supervise.supervisor import Instance, Supervisor
 from bostudio.errors import BostudioError, ConfigError, ModelError, ModelFileError, RequestError, ServerError
 from bostudio.gguf import describe
 from bostudio.runtime import passthrough
@@ -41,7 +42,7 @@ TOOL_ROUTES = frozenset({"/v1/chat/completions", "/v1/messages", "/v1/responses"
                          "/v1/responses/input_tokens", "/v1/chat/completions/input_tokens", "/apply-template"})
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MAX_BODY = 64 << 20  # a 128k-token prompt with base64 images fits; more is refused (413)
-PARSED_KEY = "bostudio.json"  # ASGI scope key: (raw, parsed JSON) of a body daemon/limits.BodyLimits read
+PARSED_KEY = "bostudio.json"  # ASGI scope key: (raw, parsed JSON) of a body daemon/http/limits.BodyLimits read
 CLIENT_GONE = 499  # nginx's "client closed request": nothing is sent, the status is for the log
 
 # Anthropic's error types by status (docs.anthropic.com/en/api/errors).
@@ -196,7 +197,7 @@ class Router:
                    body: dict | None = None, request: Request | None = None
                    ) -> tuple[Instance, passthrough.UpstreamResponse]:
         """The ready instance (loaded on demand) and its upstream response to POST `path`. A generating
-        request first gets room in the child's KV pool (bostudio.daemon.admission): it waits in line
+        request first gets room in the child's KV pool (bostudio.daemon.supervise.admission): it waits in line
         while the requests in flight fill the pool, and one that can never fit is refused with 400.
         The caller must `release(inst, upstream)` once done with it. Raises Reject. With `request`, a
         client that hangs up meanwhile cancels it: a request waiting for its model to load or for room
@@ -330,7 +331,7 @@ class Router:
                                              f"{layout.pool_ctx} tokens, and this one ({tokens} tokens with its "
                                              f"output) waited {self.queue_timeout:g} s", "unavailable_error",
                                    "send it again later, or set a smaller max_tokens so requests can share the pool"))
-        inst.prefill.expect(prompt, time.monotonic())  # the total of its prompt progress (daemon/prefill.py)
+        inst.prefill.expect(prompt, time.monotonic())  # the total of its prompt progress (daemon/supervise/prefill.py)
         return tokens
 
     def release(self, inst: Instance, upstream: passthrough.UpstreamResponse | None = None) -> None:
@@ -369,7 +370,7 @@ class Router:
     async def prepare(self, name: str, path: str, body: dict, api: str, raw: bytes | None = None
                       ) -> tuple[bytes, dict]:
         """The body to forward for a checked request: only the fields `path`'s API defines
-        (daemon/fields.py: unknown ones dropped, a bad value refused with 400), then the daemon's own
+        (daemon/http/fields.py: unknown ones dropped, a bad value refused with 400), then the daemon's own
         normalisation (normalise.py: billing header stripped, forced call opened, an output limit on
         every generating route). `raw`, the client's bytes of `body`, is forwarded as it is when nothing
         changed. Raises Reject."""

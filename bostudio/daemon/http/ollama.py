@@ -27,8 +27,8 @@ from starlette.responses import JSONResponse, Response
 
 from bostudio.catalog.digest import file_digest
 from bostudio.daemon.capabilities import ModelCaps, model_caps
-from bostudio.daemon.router import Reject, Router, api_error
-from bostudio.daemon.supervisor import RESIDENT_STATES, Supervisor
+from bostudio.daemon.http.router import Reject, Router, api_error
+from bostudio.daemon.supervise.supervisor import RESIDENT_STATES, Supervisor
 from bostudio.errors import BostudioError, ModelError
 
 # The Ollama API version this emulates (clients check it before using newer fields).
@@ -290,7 +290,7 @@ def _generate_routes(api: APIRouter, sup: Supervisor, router: Router) -> None:
                 try:
                     await sup.get_ready(name)
                 except BostudioError as exc:
-                    from bostudio.daemon.router import error_response
+                    from bostudio.daemon.http.router import error_response
                     raise Reject(error_response(exc, "ollama"))
                 return JSONResponse({"model": name, "created_at": now_iso(), "response": "", "done": True,
                                      "done_reason": "load"})

@@ -21,14 +21,14 @@ import httpx
 
 from bostudio import paths
 from bostudio.catalog.resolve import looks_like_path, model_name, resolve_model
-from bostudio.daemon import policy
+from bostudio.daemon.supervise import policy
 from bostudio.daemon.capabilities import ModelCaps, model_caps
 from bostudio.daemon.modelpaths import check_model_path, check_spec
-from bostudio.daemon.prefill import PrefillTracker
-from bostudio.daemon.slots import SlotStore, StateKey, restore_slots, save_slots, state_key
-from bostudio.daemon.events import EventBus
+from bostudio.daemon.supervise.prefill import PrefillTracker
+from bostudio.daemon.supervise.slots import SlotStore, StateKey, restore_slots, save_slots, state_key
+from bostudio.daemon.supervise.events import EventBus
 from bostudio.daemon.state import ChildRecord, instance_log_path
-from bostudio.daemon.stats import InstanceStats
+from bostudio.daemon.supervise.stats import InstanceStats
 from bostudio.runtime.metrics import parse_metrics
 from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import (BostudioError, ModelError, ModelFileError, OutOfMemoryError, PlanError, PortInUseError,
@@ -36,7 +36,7 @@ from bostudio.errors import (BostudioError, ModelError, ModelFileError, OutOfMem
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware import Device, discover_devices
 from bostudio.launch import Decision, LaunchInputs, LaunchIntent, Layout, decide, gather
-from bostudio.daemon.admission import Admission
+from bostudio.daemon.supervise.admission import Admission
 from bostudio.planner.memory import cache_type as cache_type_of
 from bostudio.planner.fit import PROMPT_CACHE
 from bostudio.profiles import (DEFAULT_BREAK_EVEN, default_workload, find_profile, predicted_break_even,
