@@ -105,8 +105,13 @@ def test_a_load_plans_with_idle_models_memory_as_free_and_the_budget_on_the_host
     the room), a busy one's does not, and the host holds at most the memory budget less the busy models."""
     from pathlib import Path
 
+    from types import SimpleNamespace
+
     from bostudio.daemon.supervise import supervisor as sv
     from bostudio.daemon.supervise.events import EventBus
+    from bostudio.daemon.supervise.instance import Instance, ModelConfig
+    from bostudio.daemon.supervise.lifecycle import READY, Life
+    from bostudio.planner.fit import Use
     from bostudio.engine.discover import Engine
     from bostudio.hardware.device import GIB, Device, ProbeResult
 
@@ -115,8 +120,11 @@ def test_a_load_plans_with_idle_models_memory_as_free_and_the_budget_on_the_host
     sup = sv.Supervisor(sv.SupervisorOptions(memory_budget=20 * GIB, prompt_reuse=False), EventBus())
 
     def resident(name: str, gib: int, active: int) -> None:
-        inst = sv.Instance(sv.ModelConfig(name, Path(f"/m/{name}.gguf"), None, "auto"), state=sv.READY, active=active)
-        inst.plan = {"bytes": gib * GIB, "uses": [{"device": "CPU", "component": "weights", "bytes": gib * GIB}]}
+        inst = Instance(ModelConfig(name, Path(f"/m/{name}.gguf"), None, "auto"), life=Life(name, state=READY),
+                        active=active)
+        # What planning_devices reads of the child's Decision: its total and its bytes per device.
+        chosen = SimpleNamespace(uses=[Use("CPU", "weights", gib * GIB)])
+        inst.decision = SimpleNamespace(bytes=gib * GIB, plan=SimpleNamespace(chosen=chosen))  # type: ignore[assignment]
         sup.instances[name] = inst
 
     resident("idle", 4, 0)

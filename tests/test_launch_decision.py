@@ -21,7 +21,7 @@ import pytest
 from bostudio.profiles import default_workload
 from bostudio.catalog.resolve import model_name
 from bostudio.cli import main
-from bostudio.daemon.supervise.supervisor import decide_child
+from bostudio.daemon.supervise.launching import decide_child
 from bostudio.gguf import describe
 from bostudio.pairing.pair import record_self_draft
 from bostudio.rpc.probe import discover_pool

@@ -21,7 +21,8 @@ from bostudio.daemon.http.router import Router, api_error, api_of, error_respons
 from bostudio.daemon.http.routes import control, logs, models
 from bostudio.daemon.http.routes.control import DaemonInfo
 from bostudio.daemon.http.security import SecurityMiddleware
-from bostudio.daemon.supervise.supervisor import READY, Supervisor, SupervisorOptions
+from bostudio.daemon.supervise.lifecycle import READY
+from bostudio.daemon.supervise.supervisor import Supervisor, SupervisorOptions
 from bostudio.errors import BostudioError
 
 log = logging.getLogger("bostudio.daemon")

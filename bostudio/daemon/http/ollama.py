@@ -28,7 +28,8 @@ from starlette.responses import JSONResponse, Response
 from bostudio.catalog.digest import file_digest
 from bostudio.daemon.capabilities import ModelCaps, model_caps
 from bostudio.daemon.http.router import Reject, Router, api_error
-from bostudio.daemon.supervise.supervisor import RESIDENT_STATES, Supervisor
+from bostudio.daemon.supervise.lifecycle import RESIDENT_STATES
+from bostudio.daemon.supervise.supervisor import Supervisor
 from bostudio.errors import BostudioError, ModelError
 
 # The Ollama API version this emulates (clients check it before using newer fields).
@@ -240,7 +241,7 @@ def _model_routes(api: APIRouter, sup: Supervisor, router: Router) -> None:
         resident = [inst for inst in sup.instances.values() if inst.state in RESIDENT_STATES]
         entries = await asyncio.to_thread(lambda: [_entry(inst.name, inst.cfg.path) for inst in resident])
         for inst, e in zip(resident, entries):
-            e.update(size=int(inst.plan.get("bytes", e["size"])), size_vram=0, expires_at=None)
+            e.update(size=inst.bytes if inst.decision is not None else e["size"], size_vram=0, expires_at=None)
         return {"models": entries}
 
     @api.post("/api/show", tags=["ollama"], summary="Ollama: one model's details")

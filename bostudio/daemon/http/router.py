@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
-import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -24,10 +23,12 @@ from bostudio.daemon.http.fields import filter_body
 from bostudio.daemon.http.guard import check_request
 from bostudio.daemon.http.normalise import normalise
 from bostudio.daemon.supervise.stats import timings_from_body, timings_from_sse
-from bostudio.daemon.supervise.supervisor import Instance, Supervisor
+from bostudio.daemon.supervise.instance import Instance
+from bostudio.daemon.supervise.supervisor import Supervisor
 from bostudio.errors import BostudioError, ConfigError, ModelError, ModelFileError, RequestError, ServerError
 from bostudio.gguf import describe
 from bostudio.runtime import passthrough
+from bostudio.runtime.client import CONNECT, TIMED_OUT, ChildError
 
 log = logging.getLogger("bostudio.daemon")
 
@@ -141,7 +142,7 @@ class Router:
         """The context `name` runs (or will run) with: the running child's, else its config's, else the
         trained context (the launch plan's ceiling). Blocking (a GGUF header): call it off the loop."""
         inst = self.sup.instances.get(name)
-        ctx = inst.plan.get("ctx") if inst is not None and inst.plan else None
+        ctx = inst.decision.ctx if inst is not None and inst.decision is not None else None
         cfg = self.sup.config_for(name)
         return int(ctx or cfg.ctx or describe(cfg.path).n_ctx_train or 4096)
 
@@ -254,17 +255,17 @@ class Router:
                 active = True
                 inst.stats.requests += 1
                 if inst.http is None or inst.port is None:
-                    raise httpx.ConnectError("instance is not ready")
+                    raise ChildError("instance is not ready", kind=CONNECT)
                 upstream = await passthrough.post("127.0.0.1", inst.port, path, raw, inst.api_key)
                 self._held[id(upstream)] = (inst, tokens, launch)
                 return inst, upstream
-            except httpx.HTTPError as exc:
+            except ChildError as exc:
                 if active:
                     inst.active -= 1
                 inst.admission.release(tokens)
                 inst.stats.errors += 1
                 log.warning("%s: upstream %s failed (attempt %d): %r", inst.name, path, attempt, exc)
-                reached = alive and not isinstance(exc, httpx.ConnectError)  # the child had (part of) it
+                reached = alive and exc.reached  # the child had (part of) it
                 try:
                     exited = await self.sup.confirm_exited(inst)
                 except BaseException:  # cancelled meanwhile (the client hung up)
@@ -321,7 +322,7 @@ class Router:
         if prompt is None:
             return 0
         if prompt >= layout.slot_ctx:
-            n_train = int(inst.plan.get("n_ctx_train") or 0) or None
+            n_train = inst.n_ctx_train or None
             raise Reject(error_response(admission.too_long(inst.name, prompt, layout.slot_ctx, n_train), api))
         tokens = admission.reservation(prompt, body, layout.slot_ctx)
         try:
@@ -352,7 +353,7 @@ class Router:
 
     async def chunks(self, inst: Instance, upstream: passthrough.UpstreamResponse) -> AsyncIterator[bytes]:
         """The upstream body as it arrives; a body silent for longer than the idle timeout raises
-        httpx.ReadTimeout (a wedged child must not hold the client forever)."""
+        ChildError, TIMED_OUT (a wedged child must not hold the client forever)."""
         it = upstream.aiter_raw().__aiter__()
         while True:
             try:
@@ -363,8 +364,8 @@ class Router:
             except StopAsyncIteration:
                 return
             except asyncio.TimeoutError:
-                raise httpx.ReadTimeout(f"llama-server for {inst.name} sent nothing for {self.idle_timeout:g} s "
-                                        "(--stream-idle-timeout)")
+                raise ChildError(f"llama-server for {inst.name} sent nothing for {self.idle_timeout:g} s "
+                                 "(--stream-idle-timeout)", kind=TIMED_OUT)
             yield chunk
 
     async def prepare(self, name: str, path: str, body: dict, api: str, raw: bytes | None = None
@@ -424,7 +425,7 @@ class Router:
                 data += chunk
                 if len(data) > (1 << 20):
                     break
-        except httpx.HTTPError:
+        except ChildError:
             pass
         finally:
             with anyio.CancelScope(shield=True):
@@ -432,7 +433,7 @@ class Router:
             self.release(inst, upstream)
         exceeded = admission.exceed_message(bytes(data))
         if exceeded is not None:  # llama-server's own context check: the same answer as admission's
-            n_train = int(inst.plan.get("n_ctx_train") or 0) or None
+            n_train = inst.n_ctx_train or None
             return error_response(admission.too_long(inst.name, exceeded[0], exceeded[1], n_train), api)
         try:
             err = json.loads(data).get("error", {})
@@ -466,10 +467,10 @@ class Router:
             try:
                 async for chunk in (transform(source()) if transform else source()):
                     yield chunk
-            except httpx.HTTPError as exc:
+            except ChildError as exc:
                 # The child died or stalled mid-response: tell a streaming client at once, in-band.
                 inst.stats.errors += 1
-                if not isinstance(exc, httpx.TimeoutException):
+                if exc.kind != TIMED_OUT:
                     self.broke(inst, upstream)
                 log.warning("%s: response failed mid-stream: %s", inst.name, exc)
                 if streaming:

@@ -1,9 +1,8 @@
-"""The supervisor: llama-server instances started on demand, checked ready, restarted after crashes,
-unloaded when idle or when memory is needed, stopped as process groups.
+"""The supervisor: llama-server instances by model name, started on demand, stopped, restarted, unloaded when
+idle or when memory is needed; the background loops that watch them (idle, stats, prompt progress, speculation).
 
-Everything runs on the daemon's one event loop (no locks): children are forked from the loop's
-thread, which lives as long as the daemon, so PR_SET_PDEATHSIG kills them when the daemon dies.
-Blocking work that forks nothing (waiting for a group to exit, the probe request) goes to threads.
+Each instance's lifecycle moves only through lifecycle.step (pure); its effects run in effects.EffectsRunner.
+Everything runs on the daemon's one event loop (no locks).
 """
 
 from __future__ import annotations
@@ -11,55 +10,37 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import secrets
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
-
-import httpx
 
 from bostudio import paths
 from bostudio.catalog.resolve import looks_like_path, model_name, resolve_model
-from bostudio.daemon.supervise import policy
-from bostudio.daemon.capabilities import ModelCaps, model_caps
 from bostudio.daemon.modelpaths import check_model_path, check_spec
-from bostudio.daemon.supervise.prefill import PrefillTracker
-from bostudio.daemon.supervise.slots import SlotStore, StateKey, restore_slots, save_slots, state_key
+from bostudio.daemon.state import ChildRecord
+from bostudio.daemon.supervise import lifecycle as lc
+from bostudio.daemon.supervise import policy
+from bostudio.daemon.supervise.effects import SAVE_TIMEOUT_S, TASK_CANCEL_TIMEOUT_S, EffectsRunner
 from bostudio.daemon.supervise.events import EventBus
-from bostudio.daemon.state import ChildRecord, instance_log_path
-from bostudio.daemon.supervise.stats import InstanceStats
-from bostudio.runtime.metrics import parse_metrics
+from bostudio.daemon.supervise.instance import Instance, ModelConfig
+from bostudio.daemon.supervise.lifecycle import READY, RESIDENT_STATES, STOPPING
+from bostudio.daemon.supervise.slots import SlotStore
 from bostudio.engine.discover import Engine, find_engine
-from bostudio.errors import (BostudioError, ModelError, ModelFileError, OutOfMemoryError, PlanError, PortInUseError,
-                             RequestError, ServerError)
-from bostudio.gguf import ModelInfo, describe
+from bostudio.errors import ModelError, ModelFileError, OutOfMemoryError, RequestError, ServerError
+from bostudio.gguf import describe
 from bostudio.hardware import Device, discover_devices
-from bostudio.launch import Decision, LaunchInputs, LaunchIntent, Layout, decide, gather
-from bostudio.daemon.supervise.admission import Admission
 from bostudio.planner.memory import cache_type as cache_type_of
-from bostudio.planner.fit import PROMPT_CACHE
-from bostudio.profiles import (DEFAULT_BREAK_EVEN, default_workload, find_profile, predicted_break_even,
-                               speculator_from_json, tune_refusals)
 from bostudio.rpc.probe import Pool, discover_pool
 from bostudio.rpc.workers import Worker
-from bostudio.runtime.client import LlamaClient
-from bostudio.runtime.net import free_loopback_port
-from bostudio.runtime.process import CrashHistory, ServerProcess, tail
-from bostudio.runtime.verify import verify_speculation
-from bostudio.speculation import Speculator, draft_length, draft_length_ceiling, parse_spec, with_draft_length
+from bostudio.runtime.client import ChildError
+from bostudio.runtime.metrics import parse_metrics
+from bostudio.speculation import draft_length, draft_length_ceiling, parse_spec
 
 log = logging.getLogger("bostudio.daemon")
 
-# Instance states. `restarting` waits out a backoff after a crash; `failed` needs an explicit start.
-STOPPED, LOADING, READY, RESTARTING, FAILED, STOPPING = "stopped", "loading", "ready", "restarting", "failed", "stopping"
-RESIDENT_STATES = (LOADING, READY, RESTARTING)
-UPSTREAM_TIMEOUT = httpx.Timeout(10.0, connect=2.0)
 PROGRESS_POLL_S = 1.0  # how often a busy child's /slots is read for prompt progress (answered mid-batch)
-PROGRESS_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
-SAVE_TIMEOUT_S = 120.0  # saving slot states before a stop; past it the stop goes on without them
-SETTLE_S = 10.0  # after a child's death, how long its requests may take to notice (hang guard)
-TASK_CANCEL_TIMEOUT_S = 30.0  # a cancelled lifecycle task that does not end in this time is left behind
+PROGRESS_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
@@ -84,213 +65,11 @@ class SupervisorOptions:
     allow_any_model_path: bool = False  # the control API may load GGUFs outside the catalog's directories
 
 
-@dataclass
-class ModelConfig:
-    """What to launch for one model name (changed by the control API; survives restarts)."""
-
-    name: str
-    path: Path
-    ctx: int | None  # None: the largest that fits, up to the training context
-    spec: str
-    port: int | None = None  # pinned child port (else a free one per launch)
-    cache_type: str = "f16"  # -ctk/-ctv of the target's KV cache
-    workload: str | None = None  # whose tuned profile auto uses (None: config.toml's [workload], else "code")
-    # Under auto, speculation that fell below break-even on a workload stays off until the workload changes.
-    auto_off: str | None = None  # that workload
-    auto_off_reason: str = ""
-    # Under auto, the draft length the acceptance check settled on (None: the plan's), and the length that
-    # last fell below break-even (lengthening stays below half of it). Cleared when the workload changes.
-    draft_len: int | None = None
-    draft_len_failed: int | None = None
-    draft_len_reason: str = ""
-
-    def resolved_workload(self) -> str:
-        return self.workload or default_workload(self.name)
-
-    def fallback(self, workload: str) -> str | None:
-        """Why auto gave up on speculation for `workload` (None: it did not)."""
-        return self.auto_off_reason if self.spec == "auto" and self.auto_off == workload else None
-
-
-def child_inputs(info: ModelInfo, engine: Engine, spec_mode: str, ctx: int | None, cache_type: str = "f16", *,
-                 pull: str = "never", workload: str | None = None, fallback: str | None = None,
-                 prompt_reuse: bool = False, caps: ModelCaps | None = None, pool: Pool = Pool(),
-                 devices: tuple[Device, ...] | None = None, children: int = 1,
-                 draft_len: tuple[int, str] | None = None) -> LaunchInputs:
-    """The launch decision's inputs for a daemon child, gathered as for `bostudio up` (a tuned profile
-    for `workload`, else the pairing table, auto-detection and compatibility check, a hub drafter
-    fetched as `pull` allows). `fallback` (why auto gave up on the speculator) runs the profile's
-    next-best kind, else none. With prompt reuse the plan has a host prompt cache and full SWA caches;
-    embedding and rerank models (`caps`) get their flags and no speculator. RPC workers in `pool` add
-    their devices; `devices` replaces this machine's (Supervisor.planning_devices). `ctx` None: the largest
-    context that fits, up to the training context. `children`: the llama-servers sharing the host's cores
-    with this one (its CPU threads are planned for that). `draft_len`: (n, why) the acceptance check settled
-    on under auto (policy.adapt_draft_length); the plan prices and runs that length."""
-    generates = caps is None or caps.kind == "chat"
-    intent = LaunchIntent(ctx=ctx, cache_type=cache_type, spec=spec_mode, prompt_reuse=prompt_reuse,
-                          kind_args=caps.launch_args() if caps is not None else (), generates=generates,
-                          children=children)
-    speculator = fallback_speculator(info, engine, workload, fallback) if fallback is not None and generates else None
-    inputs = gather(info, engine, intent, pool=pool, workload=workload, pull=pull, speculator=speculator,
-                    devices=devices, log=lambda msg: log.info("%s: %s", info.path.name, msg))
-    if draft_len is not None and draft_length(inputs.speculator) is not None:
-        n, why = draft_len
-        inputs = replace(inputs, speculator=with_draft_length(inputs.speculator, n,
-                                                              f"draft length {n} at run time: {why}"))
-    return inputs
-
-
-def decide_child(info: ModelInfo, engine: Engine, spec_mode: str, ctx: int | None, cache_type: str = "f16",
-                 **kw) -> Decision:  # type: ignore[no-untyped-def]
-    """The launch decision for a daemon child: `chosen.total` decides what gets evicted, and
-    `Decision.argv` is what runs. Raises PlanError if it cannot fit."""
-    return decide(child_inputs(info, engine, spec_mode, ctx, cache_type, **kw))
-
-
-def _template_json(path: Path) -> dict | None:
-    """The chat template the model is served with (gguf/template.py), None when unreadable."""
-    try:
-        return model_caps(path).template.to_json()
-    except (OSError, BostudioError):
-        return None
-
-
-def fallback_speculator(info: ModelInfo, engine: Engine, workload: str | None, why: str) -> Speculator:
-    """After acceptance fell below break-even under auto: the profile's best configuration of another kind
-    that beat off, else no speculation."""
-    found = find_profile(info.path, engine, workload) if workload else None
-    nxt = found.profile.next_best() if found and found.profile else None
-    if nxt is not None and all(t in engine.spec_types for t in nxt.speculator["spec_types"]):
-        return speculator_from_json(nxt.speculator, f"auto: {why}; the next-best profile entry {nxt.label} "
-                                                    f"({nxt.speedup:.2f}x of off when tuned)")
-    return Speculator("none", reason=f"auto: {why}; without speculation until the workload changes")
-
-
-class WorkerLostError(PlanError):
-    """The model no longer fits once an RPC worker it used has died."""
-
-
-def unreachable_workers(workers: list[Worker], timeout: float = 2.0) -> list[Worker]:
-    """The workers nothing listens for any more (a TCP connect; the handshake would block a live one)."""
-    import socket
-
-    dead = []
-    for w in workers:
-        try:
-            with socket.create_connection((w.host, w.port), timeout=timeout):
-                pass
-        except OSError:
-            dead.append(w)
-    return dead
-
-
 def _same_file(a: Path, b: Path) -> bool:
     try:
         return os.path.samefile(a, b)
     except OSError:
         return os.path.abspath(a) == os.path.abspath(b)
-
-
-@dataclass
-class Instance:
-    cfg: ModelConfig
-    state: str = STOPPED
-    proc: ServerProcess | None = None
-    port: int | None = None
-    api_key: str = ""
-    http: httpx.AsyncClient | None = None
-    speculator: Speculator | None = None
-    spec_status: dict | None = None
-    plan: dict = field(default_factory=dict)
-    error: dict | None = None
-    loads: int = 0
-    ready_s: float | None = None
-    ready_since: float | None = None
-    last_used: float = field(default_factory=time.monotonic)
-    active: int = 0
-    stats: InstanceStats = field(default_factory=InstanceStats)
-    crashes: CrashHistory = field(default_factory=CrashHistory)
-    ready: asyncio.Future | None = None
-    task: asyncio.Task | None = None
-    stopping: bool = False
-    break_even: float = DEFAULT_BREAK_EVEN  # acceptance below which speculation stops paying
-    break_even_source: str = "default"
-    spec_base: tuple[int, int, int] = (0, 0, 0)  # (drafted, accepted, requests) at the last launch
-    spec_check: dict | None = None  # the last policy.SpecVerdict
-    tune_refused: list = field(default_factory=list)  # what the workload's profile refused (profiles.tune_refusals)
-    draft_advice: dict | None = None  # the last policy.DraftAdvice (under auto)
-    scraped: tuple[int, int] = (0, 0)  # (requests, tokens) at the last /metrics scrape
-    cfg_cooldown: float = 0.0
-    failed_at: float | None = None  # wall time the model was marked failed
-    state_key: StateKey | None = None  # what this child's saved slot states are valid for
-    prompts: dict = field(default_factory=dict)  # restored/saved slot states, for ps
-    pool: Pool = field(default_factory=Pool)  # the RPC workers of the running child
-    lost_workers: tuple[str, ...] = ()  # workers that died under this model: later launches go without them
-    layout: Layout | None = None  # the running child's slots and KV pool (admission reserves in it)
-    admission: Admission = field(default_factory=Admission)  # requests in the KV pool, and those queued
-    stop_task: asyncio.Future | None = None  # the stop in progress: a concurrent stop or start waits for it
-    # Per launch (`loads`): requests in flight, counted by the router from their first byte to the child
-    # until they end, and those whose connection broke with the request in it (router._ended).
-    in_flight: dict[int, int] = field(default_factory=dict)
-    died_with: dict[int, int] = field(default_factory=dict)
-    prefill: PrefillTracker = field(default_factory=PrefillTracker)  # the prompts the child is processing now
-
-    @property
-    def name(self) -> str:
-        return self.cfg.name
-
-    @property
-    def log_path(self) -> Path:
-        return instance_log_path(self.name)
-
-    def to_json(self) -> dict:
-        return {
-            "model": self.name, "path": str(self.cfg.path), "state": self.state,
-            "pid": self.proc.pid if self.proc and self.state in RESIDENT_STATES + (STOPPING,) else None,
-            "port": self.port if self.state in RESIDENT_STATES else None,
-            "ctx": self.plan.get("ctx", self.cfg.ctx), "ctx_asked": self.cfg.ctx, "cache_type": self.cfg.cache_type, "spec_mode": self.cfg.spec,
-            "speculation": self.speculator.label if self.speculator else None,
-            "speculation_reason": self.speculator.reason if self.speculator else None,
-            "spec_status": self.spec_status, "plan": self.plan, "error": self.error, "loads": self.loads,
-            "crashes_recent": len(self.crashes.times), "ready_s": self.ready_s,
-            "uptime_s": time.monotonic() - self.ready_since if self.ready_since and self.state == READY else None,
-            "idle_s": time.monotonic() - self.last_used, "active_requests": self.active,
-            "stats": self.stats.to_json(), "log": str(self.log_path),
-            "retry": self.retry_json(), "prompts": self.prompts,
-            "workload": self.cfg.workload, "spec_check": self.spec_check,
-            "chat_template": _template_json(self.cfg.path),  # issue21: which template, fallback or not
-            "spec_flagged": bool(self.spec_check and self.spec_check["state"] == "below"),
-            "break_even_source": self.break_even_source,
-            "tune_refused": self.tune_refused,
-            "auto_off": ({"workload": self.cfg.auto_off, "reason": self.cfg.auto_off_reason}
-                         if self.cfg.auto_off else None),
-            "admission": self.admission.to_json(),  # KV tokens reserved by requests in flight, and those queued
-            "prefill": self.prefill_json(),  # issue33: the prompts in progress, their rate and time left
-            "draft_length": ({"n_max": draft_length(self.speculator), "adapted": self.cfg.draft_len is not None,
-                              "reason": self.cfg.draft_len_reason, "advice": self.draft_advice}
-                             if self.speculator is not None and draft_length(self.speculator) is not None else None),
-            "rpc": {"workers": self.pool.rpc, "lost": list(self.lost_workers),
-                    "problems": list(self.pool.problems)} if self.pool.probes or self.lost_workers else None,
-        }
-
-    def prefill_json(self) -> list[dict]:
-        """The prompts the child is processing now: tokens done of the total, the rate, the time left
-        (before a prompt's first batch is done, estimated from the child's last long prefill)."""
-        if self.state != READY:  # a child that stopped or crashed mid-prompt processes nothing
-            return []
-        return self.prefill.to_json(time.monotonic(), self.stats.long_prefill_tok_s)
-
-    def retry_json(self) -> dict | None:
-        """When a failed model is tried again: on the next request after the cool-down, or now on an
-        explicit restart."""
-        if self.state != FAILED or self.failed_at is None:
-            return None
-        cooldown = self.cfg_cooldown
-        if cooldown <= 0:
-            return {"how": "explicit restart only (bostudio restart MODEL)", "at": None, "in_s": None}
-        at = self.failed_at + cooldown
-        return {"how": "on the next request after the cool-down, or at once with an explicit restart",
-                "at": at, "in_s": max(0.0, at - time.time())}
 
 
 class Supervisor:
@@ -305,6 +84,7 @@ class Supervisor:
         self._background: list[asyncio.Task] = []
         store_dir = Path(options.prompt_store_dir) if options.prompt_store_dir else paths.cache_dir() / "prompt-cache"
         self.slot_store = SlotStore(store_dir, options.prompt_store_bytes) if options.prompt_reuse else None
+        self.effects = EffectsRunner(self)
 
     # ------------------------------------------------------------------ catalog and engine
 
@@ -341,10 +121,10 @@ class Supervisor:
             if i.state not in RESIDENT_STATES or (i.name == name and not running):
                 continue
             if i.name != name and (i.active > 0 or i.state != READY):
-                busy += int(i.plan.get("bytes", 0))
+                busy += i.bytes
                 continue
-            for u in i.plan.get("uses", []):
-                freed[u["device"]] = freed.get(u["device"], 0) + int(u["bytes"])
+            for device, n in i.device_bytes().items():
+                freed[device] = freed.get(device, 0) + n
         out = []
         for d in discover_devices(engine_devices=engine.devices).devices:
             free = None if d.free_bytes is None else min(d.total_bytes, d.free_bytes + freed.get(d.label, 0))
@@ -446,30 +226,37 @@ class Supervisor:
     async def get_ready(self, name: str) -> Instance:
         """The ready instance for `name`, loading it on demand. Callers queue here while it loads."""
         inst = self.instances.get(name)
-        if inst is not None and inst.state == READY:
+        if inst is None:
+            what = lc.START
+        else:
+            assert inst.life is not None
+            what = lc.on_request(inst.life, inst.error.get("type") if inst.error else None, time.time(),
+                                 self.opts.failed_cooldown)
+        if what == lc.SERVE:
+            assert inst is not None
             inst.last_used = time.monotonic()
             return inst
-        if inst is None or inst.state in (STOPPED, STOPPING):  # a stop in progress finishes first
+        if what == lc.START:
             inst = await self.start(self.config_for(name))
-        elif inst.state == FAILED and self._cooled_down(inst):
+        elif what == lc.RETRY:
+            assert inst is not None
             log.info("%s: retrying after the failure cool-down", name)
             inst = self.launch(inst.cfg)
-        elif inst.state == FAILED and inst.error and inst.error.get("type") == ModelFileError.__name__:
+        elif what == lc.REFUSE_FILE:
+            assert inst is not None and inst.error is not None
             raise ModelFileError(inst.error["message"], inst.error["hint"])  # still the file's fault (422)
-        elif inst.state == FAILED:
+        elif what == lc.REFUSE:
+            assert inst is not None
+            retry = inst.retry_json()
             raise ServerError(f"model {name} failed: {inst.error['message'] if inst.error else 'unknown'}",
                               f"see GET /bostudio/instances/{name}/log; restart it with POST "
                               f"/bostudio/instances/{name}/restart"
-                              + (f" (retried automatically in {inst.retry_json()['in_s']:.0f} s)"
-                                 if self.opts.failed_cooldown > 0 else ""))
+                              + (f" (retried automatically in {retry['in_s']:.0f} s)"
+                                 if self.opts.failed_cooldown > 0 and retry and retry["in_s"] is not None else ""))
         assert inst.ready is not None
         await asyncio.wait_for(asyncio.shield(inst.ready), self.opts.load_timeout)
         inst.last_used = time.monotonic()
         return inst
-
-    def _cooled_down(self, inst: Instance) -> bool:
-        return (self.opts.failed_cooldown > 0 and inst.failed_at is not None
-                and time.time() - inst.failed_at >= self.opts.failed_cooldown)
 
     async def confirm_exited(self, inst: Instance, wait: float = 2.0) -> bool:
         """True if `inst`'s server has exited; then waits until the supervisor has noticed, so that
@@ -518,15 +305,27 @@ class Supervisor:
         if inst is None or inst.cfg is not cfg:
             inst = Instance(cfg)
             self.instances[cfg.name] = inst
-        inst.stopping = False
-        inst.error = None
-        inst.failed_at = None
-        inst.crashes.reset()
-        inst.ready = asyncio.get_running_loop().create_future()
-        inst.ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "never retrieved"
-        self._set_state(inst, LOADING)
-        inst.task = asyncio.create_task(self._lifecycle(inst), name=f"instance {cfg.name}")
+        effects = self.apply(inst, lc.Launch())
+        spawn = next(n for n, eff in enumerate(effects) if isinstance(eff, lc.Spawn))
+        for eff in effects[:spawn]:
+            self.effects.run_now(inst, eff)
+        inst.task = asyncio.create_task(self._lifecycle(inst, effects[spawn + 1:]), name=f"instance {cfg.name}")
         return inst
+
+    def apply(self, inst: Instance, event: lc.Event) -> list:
+        """Move `inst`'s lifecycle by `event`: its new state, and the effects to run."""
+        assert inst.life is not None
+        inst.life, effects = lc.step(inst.life, event, time.monotonic(), time.time())
+        return effects
+
+    async def _lifecycle(self, inst: Instance, effects: list) -> None:
+        """Load, serve, and after a crash relaunch with backoff, until stopped or failed: each effect that
+        waits ends in the next event, and the table (lifecycle.step) says what follows."""
+        while effects:
+            event = await self.effects.run(inst, effects)
+            if event is None:
+                return
+            effects = self.apply(inst, event)
 
     async def stop(self, name: str, reason: str = "stopped") -> Instance:
         """Stop `name`'s child. Always completes (bounded): a failure to save its prompts or any other
@@ -541,31 +340,12 @@ class Supervisor:
         return inst
 
     async def _stop(self, inst: Instance, reason: str) -> None:
-        inst.stopping = True
-        failed = inst.state == FAILED
-        was_ready = inst.state == READY
+        effects = self.apply(inst, lc.Stop(reason))
         try:
-            if inst.state in RESIDENT_STATES:
-                self._set_state(inst, STOPPING, reason=reason)
-            if was_ready:
-                try:
-                    await asyncio.wait_for(self._save_prompts(inst, reason), SAVE_TIMEOUT_S)
-                except Exception as exc:  # the store is a cache: losing it must not keep a model running
-                    log.warning("%s: saving the prompts before %s failed: %r", inst.name, reason, exc)
-            if inst.task is not None and not inst.task.done():
-                inst.task.cancel()
-                try:
-                    await asyncio.wait_for(asyncio.shield(inst.task), TASK_CANCEL_TIMEOUT_S)
-                except (asyncio.CancelledError, Exception):
-                    pass
-        finally:
-            try:
-                await self._stop_process(inst)
-            except Exception:
-                log.exception("%s: stopping the process failed", inst.name)
-            if not failed:
-                self._set_state(inst, STOPPED, reason=reason)
-            self._resolve(inst, ServerError(f"model {inst.name} was {reason} while loading", "send the request again"))
+            await self.effects.run(inst, [e for e in effects if not isinstance(e, lc.StopChild)])
+        finally:  # whatever happened on the way, the child's process group is stopped
+            await self.effects.run(inst, [e for e in effects if isinstance(e, lc.StopChild)])
+            await self.effects.run(inst, self.apply(inst, lc.Stopped(reason)))
 
     async def restart(self, name: str) -> Instance:
         cfg = self.config_for(name)
@@ -602,319 +382,16 @@ class Supervisor:
                     out.append(ChildRecord(inst.name, p.pid, ct, inst.port))
         return out
 
-    # ------------------------------------------------------------------ lifecycle
-
-    def _set_state(self, inst: Instance, state: str, **extra: object) -> None:
-        inst.state = state
-        log.info("%s: %s %s", inst.name, state, extra or "")
-        self.bus.publish("state", model=inst.name, state=state, instance=inst.to_json(), **extra)
-
-    def _resolve(self, inst: Instance, error: BaseException | None) -> None:
-        fut = inst.ready
-        if fut is None or fut.done():
-            return
-        if error is None:
-            fut.set_result(inst)
-        else:
-            fut.set_exception(error)
-
-    def _fail(self, inst: Instance, exc: BostudioError) -> None:
-        inst.error = {"message": exc.message, "hint": exc.hint, "type": type(exc).__name__,
-                      "log_tail": tail(inst.log_path, 20), "plan": inst.plan}
-        inst.failed_at = time.time()
-        inst.cfg_cooldown = self.opts.failed_cooldown
-        self._set_state(inst, FAILED, error=inst.error)
-        self._resolve(inst, exc)
-
-    async def _lifecycle(self, inst: Instance) -> None:
-        """Load, serve, and after a crash restart with backoff, until stopped or crash-looping."""
-        while True:
-            try:
-                await self._launch_once(inst)
-            except asyncio.CancelledError:
-                raise
-            except WorkerLostError as exc:
-                await self._stop_process(inst)
-                self._fail(inst, exc)
-                return
-            except OutOfMemoryError as exc:
-                # Restarting would run out of memory again: report it with the plan that caused it.
-                await self._stop_process(inst)
-                exc.message += f" (plan: {inst.plan.get('summary', 'unknown')})"
-                self._fail(inst, exc)
-                return
-            except ModelFileError as exc:
-                # The file's own fault: every relaunch would fail the same way. Failed at once (422 to
-                # the requests waiting), no crash counted, no back-off.
-                await self._stop_process(inst)
-                self._fail(inst, exc)
-                return
-            except PortInUseError as exc:
-                await self._stop_process(inst)
-                if inst.cfg.port is not None:  # a pinned port that is taken will stay taken
-                    self._fail(inst, exc)
-                    return
-                if self._crashed(inst, str(exc)):  # the next launch picks another free port
-                    return
-                await self._backoff(inst)
-                continue
-            except BostudioError as exc:
-                await self._stop_process(inst)
-                if self._crashed(inst, str(exc)):
-                    return
-                await self._backoff(inst)
-                continue
-            except Exception as exc:  # a bug must not leave requests waiting forever
-                log.exception("%s: unexpected error while loading", inst.name)
-                await self._stop_process(inst)
-                self._fail(inst, ServerError(f"unexpected error while loading: {exc!r}", "see the daemon log"))
-                return
-            self._resolve(inst, None)
-            code = await self._wait_exit(inst)
-            if inst.stopping:
-                return
-            if await self._lost_worker(inst, code):
-                continue  # relaunch at once, without the dead worker
-            lines = tail(inst.log_path, 5)
-            why = f"llama-server exited with code {code}: " + (lines[-1] if lines else "")
-            self._exited(inst, why)  # new requests wait for the relaunch from here on
-            if await self._requests_it_broke(inst) == 1:
-                # It died of one request: that one was answered 502 and is not sent again; the others
-                # queue for the relaunch. Counted, one client could crash-loop a model for everyone.
-                log.warning("%s: %s, while serving one request (answered 502, not sent again); relaunching, "
-                            "not counted toward the crash loop", inst.name, why)
-                self._set_state(inst, LOADING, reason="relaunching after a request that ended the child")
-                continue
-            if self._crashed(inst, why):
-                return
-            await self._backoff(inst)
-
-    async def _lost_worker(self, inst: Instance, code: int | None) -> bool:
-        """After the child died: if an RPC worker it used no longer answers, mark the model failed
-        with that reason, drop the worker, and (True) let the lifecycle relaunch without it. The dead
-        child's process group is gone before the relaunch (no orphan). A relaunch that no longer
-        fits fails with PlanError, which _fail reports."""
-        if not inst.pool.probes:
-            return False
-        dead = await asyncio.to_thread(unreachable_workers, [p.worker for p in inst.pool.probes if p.ok])
-        if not dead:
-            return False
-        await self._stop_process(inst)
-        inst.lost_workers += tuple(w.endpoint for w in dead)
-        why = (f"rpc worker {', '.join(w.endpoint for w in dead)} stopped answering; llama-server exited "
-               f"with code {code}")
-        inst.error = {"message": why, "hint": "relaunching without it if the model still fits",
-                      "type": "WorkerLost", "log_tail": tail(inst.log_path, 20), "plan": inst.plan}
-        self._set_state(inst, FAILED, error=inst.error, reason=why)
-        if inst.ready is None or inst.ready.done():
-            inst.ready = asyncio.get_running_loop().create_future()
-            inst.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self._set_state(inst, LOADING, reason=f"relaunching without {', '.join(w.endpoint for w in dead)}")
-        return True
-
-    def _crashed(self, inst: Instance, why: str) -> bool:
-        """Count a crash; after too many in the window mark the model failed. True when failed."""
-        inst.crashes.record(time.monotonic())
-        self.on_children(self.children())
-        if inst.crashes.crash_loop():
-            self._fail(inst, ServerError(
-                f"{inst.name} crashed {len(inst.crashes.times)} times in {inst.crashes.window:.0f} s; "
-                f"last: {why}", f"see the log {inst.log_path}; restart it with `bostudio up --daemon {inst.name}`"))
-            return True
-        self._set_state(inst, RESTARTING, reason=why, crashes=len(inst.crashes.times))
-        if inst.ready is None or inst.ready.done():
-            inst.ready = asyncio.get_running_loop().create_future()
-            inst.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
-        return False
-
-    def _exited(self, inst: Instance, why: str) -> None:
-        """The child exited on its own: requests from now on wait for the relaunch (a fresh `ready`)."""
-        self.on_children(self.children())
-        self._set_state(inst, RESTARTING, reason=why, crashes=len(inst.crashes.times))
-        if inst.ready is None or inst.ready.done():
-            inst.ready = asyncio.get_running_loop().create_future()
-            inst.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
-
-    async def _requests_it_broke(self, inst: Instance) -> int | None:
-        """How many requests the exited child's death broke (router._ended), once every request on its
-        launch has ended: each finds the connection gone at once, so this is quick; None when they did not
-        end within SETTLE_S (a hang guard: then the death is counted as a crash)."""
-        launch = inst.loads
-        deadline = time.monotonic() + SETTLE_S
-        while inst.in_flight.get(launch, 0) > 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        if inst.in_flight.get(launch, 0) > 0:
-            return None
-        return inst.died_with.get(launch, 0)
-
-    async def _backoff(self, inst: Instance) -> None:
-        await asyncio.sleep(inst.crashes.backoff())
-        self._set_state(inst, LOADING)
-
-    async def _launch_once(self, inst: Instance) -> None:
-        cfg = inst.cfg
-        # Probing the engine and reading a large GGUF header take a while: not on the event loop.
-        engine = await asyncio.to_thread(lambda: self.engine)
-        try:
-            info = await asyncio.to_thread(describe, cfg.path)
-            caps = await asyncio.to_thread(model_caps, cfg.path)
-        except ModelError as exc:  # a broken header, a file gone: the file's fault, not a crash
-            raise ModelFileError(f"{cfg.name}: {exc.message}", exc.hint) from exc
-        workload = await asyncio.to_thread(cfg.resolved_workload)
-        workers = self.workers_for(cfg.name)
-        inst.pool = await asyncio.to_thread(discover_pool, engine, workers) if workers else Pool()
-        for problem in inst.pool.problems:
-            log.warning("%s: %s; planning without it", cfg.name, problem)
-        try:
-            devices = await asyncio.to_thread(self.planning_devices, engine, cfg.name)
-            # CPU threads (planner.threads) are split between this child and those already resident (a child
-            # launched alone gets the whole rule; one launched beside two others, a third of it).
-            others = sum(1 for i in self.instances.values() if i is not inst and i.state in RESIDENT_STATES)
-            draft_len = (cfg.draft_len, cfg.draft_len_reason) if cfg.draft_len is not None and cfg.spec == "auto" \
-                else None
-            decision = await asyncio.to_thread(
-                lambda: decide_child(info, engine, cfg.spec, cfg.ctx, cfg.cache_type, pull=self.opts.pull,
-                                     workload=workload, fallback=cfg.fallback(workload),
-                                     prompt_reuse=self.slot_store is not None, caps=caps, pool=inst.pool,
-                                     devices=devices, children=1 + others, draft_len=draft_len))
-        except PlanError as exc:
-            if inst.lost_workers:  # it fitted with the worker that died: say so; retrying cannot help
-                raise WorkerLostError(f"{cfg.name} does not fit without the lost rpc worker(s) "
-                                      f"{', '.join(inst.lost_workers)}: {exc.message}",
-                                      "restart the worker's `bostudio rpc serve`, then restart the model") from exc
-            # A plan is a function of the file's header and this machine: planned again it fails again.
-            raise ModelFileError(f"{cfg.name} cannot be planned: {exc.message}", exc.hint) from exc
-        except ModelError as exc:  # the header read again by the planner (a draft's, a split part's)
-            raise ModelFileError(f"{cfg.name}: {exc.message}", exc.hint) from exc
-        planned = decision.plan
-        speculator = decision.speculator
-        inst.break_even, inst.break_even_source = await asyncio.to_thread(
-            predicted_break_even, cfg.path, engine, workload)
-        inst.tune_refused = await asyncio.to_thread(tune_refusals, cfg.path, engine, workload)
-        need = decision.bytes  # what it is evicted by is what runs
-        inst.speculator = speculator
-        inst.layout = decision.layout
-        reuse = self.slot_store is not None and decision.prompt_reuse
-        inst.state_key = (await asyncio.to_thread(state_key, cfg.path, engine.commit, decision.ctx,
-                                                  planned.intent.cache_type_k, "auto", planned.intent.swa_full,
-                                                  planned.intent.flash_attn != "off")
-                          if reuse else None)
-        inst.plan = {"bytes": need, "weights_bytes": info.file_size, "ctx": decision.ctx, "ctx_asked": cfg.ctx,
-                     "n_ctx_train": info.n_ctx_train,
-                     "cache_type": cfg.cache_type, "layout": decision.layout.to_json(),
-                     "kind": caps.kind, "prompt_cache_bytes": planned.chosen.component_bytes(PROMPT_CACHE),
-                     "budget_bytes": self.budget(), "why": planned.why,
-                     "threads": planned.threads.to_json() if planned.threads is not None else None,
-                     "flash_attn": planned.flash_attn_json(),
-                     "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes}
-                              for u in planned.chosen.uses],
-                     "summary": f"{need / policy.MIB:.0f} MiB for {cfg.name} at ctx {decision.ctx} with "
-                                f"speculation {speculator.label}, budget {self.budget() / policy.MIB:.0f} MiB"}
-        await self._make_room(inst, need)
-
-        inst.port = cfg.port or free_loopback_port(avoid={i.port for i in self.instances.values()
-                                                           if i is not inst and i.port})
-        inst.api_key = secrets.token_urlsafe(32)
-        argv = decision.argv(port=inst.port, alias=cfg.name,
-                             slot_dir=self.slot_store.ensure() if reuse and self.slot_store is not None else None)
-        # The key goes through the environment, not argv (which every local user can read).
-        env = {**os.environ, "LLAMA_API_KEY": inst.api_key}
-        inst.proc = ServerProcess(argv, inst.port, inst.log_path, api_key=inst.api_key, env=env)
-        inst.in_flight.clear()  # requests of earlier launches ended with them
-        inst.died_with.clear()
-        inst.loads += 1
-        inst.proc.start()  # on the loop's thread: see the module docstring
-        self.on_children(self.children())
-        self.bus.publish("launch", model=cfg.name, pid=inst.proc.pid, port=inst.port, argv=argv)
-        inst.ready_s = await self._wait_ready(inst)
-        if inst.http is not None:
-            await inst.http.aclose()
-        # For /metrics; proxied requests take the passthrough path (bostudio/runtime/passthrough.py).
-        inst.http = httpx.AsyncClient(base_url=inst.proc.base_url, timeout=UPSTREAM_TIMEOUT, trust_env=False,
-                                      headers={"Authorization": f"Bearer {inst.api_key}"})
-        if caps.kind == "chat":  # embedding and rerank models generate nothing to probe
-            status = await asyncio.to_thread(self._probe, inst)
-            inst.spec_status = asdict(status)
-        else:
-            inst.spec_status = None
-        inst.spec_base = (inst.stats.draft_tokens, inst.stats.draft_accepted, inst.stats.requests)
-        inst.spec_check = None
-        inst.draft_advice = None
-        inst.prefill = PrefillTracker()  # the new child numbers its tasks from zero
-        inst.stats.mean_accepted_length = None  # the new child's /metrics start from zero
-        await self._restore_prompts(inst)
-        inst.ready_since = time.monotonic()
-        inst.last_used = time.monotonic()
-        self._set_state(inst, READY)
-
-    async def _save_prompts(self, inst: Instance, reason: str) -> None:
-        """Save the slots of a child about to stop (stop, idle, eviction, relaunch, shutdown)."""
-        if self.slot_store is None or inst.state_key is None or inst.http is None:
-            return
-        proc = inst.proc
-        if proc is None or not proc.alive():
-            return
-        started = time.monotonic()
-        saved = await save_slots(inst.http, self.slot_store, inst.state_key)
-        if saved:
-            inst.prompts = {**inst.prompts, "saved_slots": len(saved),
-                            "saved_tokens": sum(v["tokens"] for v in saved.values()),
-                            "saved_s": round(time.monotonic() - started, 3), "saved_on": reason}
-            self.bus.publish("prompts", model=inst.name, action="saved", slots=saved)
-            log.info("%s: saved %d slot(s) before %s", inst.name, len(saved), reason)
-
-    async def _restore_prompts(self, inst: Instance) -> None:
-        """Restore the slot states saved for exactly this child's identity, before it is ready."""
-        if self.slot_store is None or inst.state_key is None or inst.http is None:
-            inst.prompts = {}
-            return
-        started = time.monotonic()
-        try:
-            restored = await restore_slots(inst.http, self.slot_store, inst.state_key)
-        except Exception as exc:  # a store problem costs the saved prompts, never the load
-            log.warning("%s: restoring saved prompts failed: %r", inst.name, exc)
-            inst.prompts = {"key": inst.state_key.digest, "restored_slots": 0, "error": str(exc)}
-            return
-        inst.prompts = {"key": inst.state_key.digest, "restored_slots": len(restored),
-                        "restored_tokens": sum(restored.values()),
-                        "restored_s": round(time.monotonic() - started, 3)}
-        if restored:
-            self.bus.publish("prompts", model=inst.name, action="restored", slots=restored)
-            log.info("%s: restored %d slot(s), %d tokens", inst.name, len(restored), sum(restored.values()))
-
-    def _probe(self, inst: Instance):
-        assert inst.proc is not None and inst.speculator is not None
-        with LlamaClient(inst.proc.base_url, inst.api_key, timeout=httpx.Timeout(self.opts.stall_timeout, connect=2.0),
-                         log_path=inst.log_path) as client:
-            return verify_speculation(client, inst.speculator, inst.log_path, self.opts.probe_tokens)
-
-    async def _wait_ready(self, inst: Instance) -> float:
-        assert inst.proc is not None
-        return await inst.proc.wait_ready_async(self.opts.load_timeout, self.opts.stall_timeout)
-
-    async def _wait_exit(self, inst: Instance) -> int | None:
-        assert inst.proc is not None and inst.proc.proc is not None
-        while True:
-            code = inst.proc.proc.poll()
-            if code is not None:
-                return code
-            await asyncio.sleep(0.2)
-
-    async def _stop_process(self, inst: Instance) -> None:
-        proc = inst.proc
-        if proc is not None and proc.proc is not None:
-            await asyncio.to_thread(proc.stop, self.opts.grace)
-        if inst.http is not None:
-            await inst.http.aclose()
-            inst.http = None
-        inst.ready_since = None
+    def note_children(self) -> None:
+        """The live children changed: tell the daemon (its state file)."""
         self.on_children(self.children())
 
-    async def _make_room(self, inst: Instance, need: int) -> None:
-        resident = [policy.Resident(i.name, int(i.plan.get("bytes", 0)), i.last_used,
-                                    busy=i.active > 0 or i.state != READY)
-                    for i in self.instances.values() if i is not inst and i.state in RESIDENT_STATES]
-        victims = policy.choose_evictions(resident, need, self.budget())
+    def views(self) -> list[lc.View]:
+        return [lc.View(i.name, i.state, i.bytes, i.last_used, i.active) for i in self.instances.values()]
+
+    async def make_room(self, inst: Instance, need: int) -> None:
+        """Stop idle models, least recently used first, until `need` more bytes fit the budget."""
+        victims = lc.evictions(self.views(), inst.name, need, self.budget())
         if victims is None:
             raise OutOfMemoryError(f"{inst.name} needs {need / policy.MIB:.0f} MiB and does not fit the memory "
                                    f"budget of {self.budget() / policy.MIB:.0f} MiB next to the busy models",
@@ -929,9 +406,7 @@ class Supervisor:
     async def _idle_loop(self) -> None:
         while True:
             await asyncio.sleep(max(0.2, min(5.0, self.opts.idle_ttl / 4)) if self.opts.idle_ttl > 0 else 5.0)
-            resident = [policy.Resident(i.name, 0, i.last_used, busy=i.active > 0)
-                        for i in self.instances.values() if i.state == READY]
-            for name in policy.idle_expired(resident, time.monotonic(), self.opts.idle_ttl):
+            for name in lc.idle(self.views(), time.monotonic(), self.opts.idle_ttl):
                 try:
                     await self.stop(name, reason="idle")
                 except Exception:  # one model's failed stop must not end idle unloading for all
@@ -950,12 +425,12 @@ class Supervisor:
                     r = await inst.http.get("/metrics", timeout=5.0)
                     if r.status_code == 200:
                         inst.stats.add_metrics(parse_metrics(r.text))
-                except httpx.HTTPError:
+                except ChildError:
                     continue
                 self.bus.publish("stats", model=inst.name, stats=inst.stats.to_json())
             for inst in list(self.instances.values()):
                 if inst.state == READY:
-                    await self._check_speculation(inst)
+                    await self.check_speculation(inst)
 
     async def _progress_loop(self) -> None:
         """While a child has requests in flight, read its /slots for the prompts in progress (issue 33) and
@@ -969,7 +444,7 @@ class Supervisor:
                 try:
                     r = await inst.http.get("/slots", timeout=PROGRESS_TIMEOUT)
                     slots = r.json() if r.status_code == 200 else None
-                except (httpx.HTTPError, ValueError):
+                except (ChildError, ValueError):
                     continue
                 if slots is None:
                     continue
@@ -982,7 +457,7 @@ class Supervisor:
                 if inst.prefill.live or was_live:
                     self.bus.publish("progress", model=inst.name, prefill=inst.prefill_json())
 
-    async def _adapt_draft_length(self, inst: Instance, verdict: policy.SpecVerdict) -> bool:
+    async def adapt_draft_length(self, inst: Instance, verdict: policy.SpecVerdict) -> bool:
         """Under auto: move the draft length with the acceptance (policy.adapt_draft_length). The pinned
         llama-server honours no per-request draft setting (README, "What llama-server honours per request"),
         so a new length is a relaunch, at the next idle moment (no request is cut; prompt reuse keeps the
@@ -1015,7 +490,7 @@ class Supervisor:
         await self.restart(inst.name)
         return True
 
-    async def _check_speculation(self, inst: Instance) -> None:
+    async def check_speculation(self, inst: Instance) -> None:
         """Acceptance since launch against the break-even: flag it (ps, events); under auto, relaunch with
         the next-best profile entry or without speculation at the next idle moment."""
         d0, a0, r0 = inst.spec_base
@@ -1025,7 +500,7 @@ class Supervisor:
         was = inst.spec_check["state"] if inst.spec_check else None
         inst.spec_check = dict(verdict.to_json(), break_even_source=inst.break_even_source)
         speculating = inst.speculator is not None and inst.speculator.kind != "none"
-        if speculating and inst.cfg.spec == "auto" and await self._adapt_draft_length(inst, verdict):
+        if speculating and inst.cfg.spec == "auto" and await self.adapt_draft_length(inst, verdict):
             return
         action = policy.fallback_action(verdict, inst.cfg.spec, speculating, busy=inst.active > 0)
         if action == policy.NONE:
