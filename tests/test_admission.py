@@ -9,8 +9,15 @@ import json
 
 import pytest
 
-from bostudio.daemon.supervise.admission import (DRAFT_ROOM, Admission, QueueTimeout, exceed_message, output_budget, reservation,
-                                       too_long)
+from bostudio.daemon.supervise.admission import (
+    DRAFT_ROOM,
+    Admission,
+    QueueTimeout,
+    exceed_message,
+    output_budget,
+    reservation,
+    too_long,
+)
 
 
 def run(coro):  # type: ignore[no-untyped-def]
@@ -104,16 +111,15 @@ def test_a_load_plans_with_idle_models_memory_as_free_and_the_budget_on_the_host
     """Supervisor.planning_devices: an idle model's memory counts as free (the load evicts it if it needs
     the room), a busy one's does not, and the host holds at most the memory budget less the busy models."""
     from pathlib import Path
-
     from types import SimpleNamespace
 
     from bostudio.daemon.supervise import supervisor as sv
     from bostudio.daemon.supervise.events import EventBus
     from bostudio.daemon.supervise.instance import Instance, ModelConfig
     from bostudio.daemon.supervise.lifecycle import READY, Life
-    from bostudio.planner.fit import Use
     from bostudio.engine.discover import Engine
     from bostudio.hardware.device import GIB, Device, ProbeResult
+    from bostudio.planner.fit import Use
 
     host = Device(vendor="cpu", backend="cpu", name="host", index=0, total_bytes=32 * GIB, free_bytes=10 * GIB)
     monkeypatch.setattr(sv, "discover_devices", lambda **_: ProbeResult((host,)))

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from bostudio.daemon.http.app import build_app
 from bostudio.daemon.capabilities import caps_from_header
+from bostudio.daemon.http.app import build_app
 from bostudio.daemon.http.routes.control import DaemonInfo
 from bostudio.daemon.http.routes.models import PASSTHROUGH_ROUTES
 from bostudio.daemon.http.security import allowed_hosts

@@ -12,8 +12,8 @@ import httpx
 import pytest
 from starlette.routing import Match
 
-from bostudio.daemon.http.app import build_app
 from bostudio.daemon.client import ROUTES, AsyncDaemonClient, DaemonClient, Route
+from bostudio.daemon.http.app import build_app
 from bostudio.daemon.http.routes.control import DaemonInfo
 from bostudio.daemon.http.security import allowed_hosts
 from bostudio.daemon.supervise.supervisor import SupervisorOptions

@@ -10,12 +10,48 @@ from dataclasses import replace
 import pytest
 
 from bostudio.daemon.supervise import lifecycle as lc
-from bostudio.daemon.supervise.lifecycle import (FAILED, LOADING, READY, RESTARTING, STOPPED, STOPPING, Announce,
-                                                 AwaitSettle, CancelTask, ClearError, Exited, FreshReady, Launch,
-                                                 Life, Loaded, LoadFailed, MarkFailed, MarkLost, NoteChildren,
-                                                 ResolveReady, Retry, RetryDue, SaveSlots, Settled, Spawn, StartChild,
-                                                 Stop, StopChild, Stopped, View, WatchChild, Warn, WorkerLostError)
-from bostudio.errors import (ModelFileError, OutOfMemoryError, PlanError, PortInUseError, ServerError)
+from bostudio.daemon.supervise.lifecycle import (
+    FAILED,
+    LOADING,
+    READY,
+    RESTARTING,
+    STOPPED,
+    STOPPING,
+    Announce,
+    AwaitSettle,
+    CancelTask,
+    ClearError,
+    Exited,
+    FreshReady,
+    Launch,
+    Life,
+    Loaded,
+    LoadFailed,
+    MarkFailed,
+    MarkLost,
+    NoteChildren,
+    ResolveReady,
+    Retry,
+    RetryDue,
+    SaveSlots,
+    Settled,
+    Spawn,
+    StartChild,
+    Stop,
+    StopChild,
+    Stopped,
+    View,
+    Warn,
+    WatchChild,
+    WorkerLostError,
+)
+from bostudio.errors import (
+    ModelFileError,
+    OutOfMemoryError,
+    PlanError,
+    PortInUseError,
+    ServerError,
+)
 
 NOW, WALL = 1000.0, 1.7e9
 
@@ -102,6 +138,14 @@ def test_the_fifth_crash_in_a_minute_gives_up_with_the_count_and_the_log() -> No
     err = effects[-1].error
     assert isinstance(err, ServerError) and err.message == "m crashed 5 times in 60 s; last: boom"
     assert "/logs/m.log" in err.hint and "bostudio up --daemon m" in err.hint
+
+
+def test_crashes_spread_wider_than_the_window_never_give_up() -> None:
+    cur = life(LOADING)
+    for t in (0.0, 20.0, 40.0, 61.0, 81.0, 101.0, 122.0):  # never 5 within 60 s
+        cur, _ = step(cur, LoadFailed(ServerError("boom")), now=t)
+        assert cur.state == RESTARTING, t
+        cur, _ = step(cur, RetryDue())
 
 
 def test_crashes_older_than_the_window_do_not_count() -> None:

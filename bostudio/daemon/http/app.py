@@ -15,12 +15,12 @@ from starlette.responses import JSONResponse
 
 from bostudio import __version__
 from bostudio.daemon.http import ollama
-from bostudio.daemon.supervise.events import EventBus
 from bostudio.daemon.http.limits import BodyLimits, HttpLimits
 from bostudio.daemon.http.router import Router, api_error, api_of, error_response
 from bostudio.daemon.http.routes import control, logs, models
 from bostudio.daemon.http.routes.control import DaemonInfo
 from bostudio.daemon.http.security import SecurityMiddleware
+from bostudio.daemon.supervise.events import EventBus
 from bostudio.daemon.supervise.lifecycle import READY
 from bostudio.daemon.supervise.supervisor import Supervisor, SupervisorOptions
 from bostudio.errors import BostudioError

@@ -16,16 +16,23 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from bostudio.daemon.http import record, toolrescue
-from bostudio.daemon.supervise import admission
 from bostudio.daemon.capabilities import GENERATE, model_caps
+from bostudio.daemon.http import record, toolrescue
 from bostudio.daemon.http.fields import filter_body
 from bostudio.daemon.http.guard import check_request
 from bostudio.daemon.http.normalise import normalise
-from bostudio.daemon.supervise.stats import timings_from_body, timings_from_sse
+from bostudio.daemon.supervise import admission
 from bostudio.daemon.supervise.instance import Instance
+from bostudio.daemon.supervise.stats import timings_from_body, timings_from_sse
 from bostudio.daemon.supervise.supervisor import Supervisor
-from bostudio.errors import BostudioError, ConfigError, ModelError, ModelFileError, RequestError, ServerError
+from bostudio.errors import (
+    BostudioError,
+    ConfigError,
+    ModelError,
+    ModelFileError,
+    RequestError,
+    ServerError,
+)
 from bostudio.gguf import describe
 from bostudio.runtime import passthrough
 from bostudio.runtime.client import CONNECT, TIMED_OUT, ChildError

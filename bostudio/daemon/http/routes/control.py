@@ -16,8 +16,8 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from bostudio import __version__
-from bostudio.daemon.modelpaths import check_spec
 from bostudio.daemon.http.router import error_response
+from bostudio.daemon.modelpaths import check_spec
 from bostudio.daemon.supervise.instance import Instance
 from bostudio.daemon.supervise.supervisor import Supervisor, SupervisorOptions
 from bostudio.errors import BostudioError, ModelError
