@@ -9,15 +9,8 @@ import json
 
 import pytest
 
-from bostudio.daemon.supervise.admission import (
-    DRAFT_ROOM,
-    Admission,
-    QueueTimeout,
-    exceed_message,
-    output_budget,
-    reservation,
-    too_long,
-)
+from bostudio.daemon.supervise.admission import (DRAFT_ROOM, Admission, QueueTimeout, exceed_message, output_budget,
+                                                 reservation, too_long)
 
 
 def run(coro):  # type: ignore[no-untyped-def]

@@ -16,12 +16,7 @@ from starlette.testclient import TestClient
 
 from bostudio.daemon.http.app import build_app
 from bostudio.daemon.http.routes.control import DaemonInfo
-from bostudio.daemon.http.security import (
-    allowed_hosts,
-    create_token,
-    read_token,
-    token_path,
-)
+from bostudio.daemon.http.security import allowed_hosts, create_token, read_token, token_path
 from bostudio.daemon.supervise.supervisor import SupervisorOptions
 from tests.daemon_util import fake_engine
 from tests.gguf_factory import tiny_llama

@@ -10,48 +10,12 @@ from dataclasses import replace
 import pytest
 
 from bostudio.daemon.supervise import lifecycle as lc
-from bostudio.daemon.supervise.lifecycle import (
-    FAILED,
-    LOADING,
-    READY,
-    RESTARTING,
-    STOPPED,
-    STOPPING,
-    Announce,
-    AwaitSettle,
-    CancelTask,
-    ClearError,
-    Exited,
-    FreshReady,
-    Launch,
-    Life,
-    Loaded,
-    LoadFailed,
-    MarkFailed,
-    MarkLost,
-    NoteChildren,
-    ResolveReady,
-    Retry,
-    RetryDue,
-    SaveSlots,
-    Settled,
-    Spawn,
-    StartChild,
-    Stop,
-    StopChild,
-    Stopped,
-    View,
-    Warn,
-    WatchChild,
-    WorkerLostError,
-)
-from bostudio.errors import (
-    ModelFileError,
-    OutOfMemoryError,
-    PlanError,
-    PortInUseError,
-    ServerError,
-)
+from bostudio.daemon.supervise.lifecycle import (FAILED, LOADING, READY, RESTARTING, STOPPED, STOPPING, Announce,
+                                                 AwaitSettle, CancelTask, ClearError, Exited, FreshReady, Launch, Life,
+                                                 Loaded, LoadFailed, MarkFailed, MarkLost, NoteChildren, ResolveReady,
+                                                 Retry, RetryDue, SaveSlots, Settled, Spawn, StartChild, Stop,
+                                                 StopChild, Stopped, View, Warn, WatchChild, WorkerLostError)
+from bostudio.errors import ModelFileError, OutOfMemoryError, PlanError, PortInUseError, ServerError
 
 NOW, WALL = 1000.0, 1.7e9
 

@@ -28,13 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from bostudio.daemon.http.guard import (
-    MAX_CHOICES,
-    MAX_GRAMMAR_CHARS,
-    MAX_LOGIT_BIAS,
-    MAX_N_PROBS,
-    MAX_TOKENS,
-)
+from bostudio.daemon.http.guard import MAX_CHOICES, MAX_GRAMMAR_CHARS, MAX_LOGIT_BIAS, MAX_N_PROBS, MAX_TOKENS
 from bostudio.errors import RequestError
 
 log = logging.getLogger("bostudio.daemon")

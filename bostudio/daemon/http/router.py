@@ -25,14 +25,7 @@ from bostudio.daemon.supervise import admission
 from bostudio.daemon.supervise.instance import Instance
 from bostudio.daemon.supervise.stats import timings_from_body, timings_from_sse
 from bostudio.daemon.supervise.supervisor import Supervisor
-from bostudio.errors import (
-    BostudioError,
-    ConfigError,
-    ModelError,
-    ModelFileError,
-    RequestError,
-    ServerError,
-)
+from bostudio.errors import BostudioError, ConfigError, ModelError, ModelFileError, RequestError, ServerError
 from bostudio.gguf import describe
 from bostudio.runtime import passthrough
 from bostudio.runtime.client import CONNECT, TIMED_OUT, ChildError

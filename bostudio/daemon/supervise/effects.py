@@ -38,6 +38,7 @@ from bostudio.runtime.verify import verify_speculation
 log = logging.getLogger("bostudio.daemon")
 
 UPSTREAM_TIMEOUT = httpx.Timeout(10.0, connect=2.0)
+PROGRESS_TIMEOUT = httpx.Timeout(5.0, connect=2.0)  # a busy child's /slots, read for prompt progress
 SAVE_TIMEOUT_S = 120.0  # saving slot states before a stop; past it the stop goes on without them
 SETTLE_S = 10.0  # after a child's death, how long its requests may take to notice (hang guard)
 TASK_CANCEL_TIMEOUT_S = 30.0  # a cancelled lifecycle task that does not end in this time is left behind

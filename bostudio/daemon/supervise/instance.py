@@ -11,13 +11,7 @@ from pathlib import Path
 from bostudio.daemon.capabilities import model_caps
 from bostudio.daemon.state import instance_log_path
 from bostudio.daemon.supervise.admission import Admission
-from bostudio.daemon.supervise.lifecycle import (
-    FAILED,
-    READY,
-    RESIDENT_STATES,
-    STOPPING,
-    Life,
-)
+from bostudio.daemon.supervise.lifecycle import FAILED, READY, RESIDENT_STATES, STOPPING, Life
 from bostudio.daemon.supervise.prefill import PrefillTracker
 from bostudio.daemon.supervise.slots import StateKey
 from bostudio.daemon.supervise.stats import InstanceStats

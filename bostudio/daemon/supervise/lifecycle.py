@@ -29,14 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from bostudio.daemon.supervise import policy
-from bostudio.errors import (
-    BostudioError,
-    ModelFileError,
-    OutOfMemoryError,
-    PlanError,
-    PortInUseError,
-    ServerError,
-)
+from bostudio.errors import BostudioError, ModelFileError, OutOfMemoryError, PlanError, PortInUseError, ServerError
 
 # Instance states. `restarting` waits out a backoff after a crash; `failed` needs an explicit start.
 STOPPED, LOADING, READY, RESTARTING, FAILED, STOPPING = "stopped", "loading", "ready", "restarting", "failed", "stopping"

@@ -21,23 +21,13 @@ from bostudio.daemon.modelpaths import check_model_path, check_spec
 from bostudio.daemon.state import ChildRecord
 from bostudio.daemon.supervise import lifecycle as lc
 from bostudio.daemon.supervise import policy
-from bostudio.daemon.supervise.effects import (
-    SAVE_TIMEOUT_S,
-    TASK_CANCEL_TIMEOUT_S,
-    EffectsRunner,
-)
+from bostudio.daemon.supervise.effects import PROGRESS_TIMEOUT, SAVE_TIMEOUT_S, TASK_CANCEL_TIMEOUT_S, EffectsRunner
 from bostudio.daemon.supervise.events import EventBus
 from bostudio.daemon.supervise.instance import Instance, ModelConfig
 from bostudio.daemon.supervise.lifecycle import READY, RESIDENT_STATES, STOPPING
 from bostudio.daemon.supervise.slots import SlotStore
 from bostudio.engine.discover import Engine, find_engine
-from bostudio.errors import (
-    ModelError,
-    ModelFileError,
-    OutOfMemoryError,
-    RequestError,
-    ServerError,
-)
+from bostudio.errors import ModelError, ModelFileError, OutOfMemoryError, RequestError, ServerError
 from bostudio.gguf import describe
 from bostudio.hardware import Device, discover_devices
 from bostudio.planner.memory import cache_type as cache_type_of
@@ -50,7 +40,6 @@ from bostudio.speculation import draft_length, draft_length_ceiling, parse_spec
 log = logging.getLogger("bostudio.daemon")
 
 PROGRESS_POLL_S = 1.0  # how often a busy child's /slots is read for prompt progress (answered mid-batch)
-PROGRESS_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
