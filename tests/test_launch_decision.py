@@ -70,7 +70,7 @@ def three_ways(model: Path, engine, capsys: pytest.CaptureFixture[str], extra: l
     workers = workers_from_config()
     pool = discover_pool(engine, workers) if workers else None
     kw = {"pool": pool} if pool is not None else {}
-    # what Supervisor._launch_once decides for a model with the default config (spec auto, ctx None)
+    # what EffectsRunner.launch_once decides for a model with the default config (spec auto, ctx None)
     workload = default_workload(model_name(model))
     daemon = decide_child(info, engine, "auto", None, "f16", workload=workload, **kw).argv(port=1234, alias="x")
     assert main(["plan", str(model), "--json", *extra]) == 0
