@@ -498,9 +498,9 @@ def cmd_up_daemon(args: argparse.Namespace) -> int:
 def _daemon_options(args: argparse.Namespace):
     from pathlib import Path
 
-    from bostudio.daemon.limits import HttpLimits
+    from bostudio.daemon.http.limits import HttpLimits
     from bostudio.daemon.service import DaemonOptions
-    from bostudio.daemon.supervisor import SupervisorOptions
+    from bostudio.daemon.supervise.supervisor import SupervisorOptions
 
     from bostudio.pairing.fetch import resolve_pull_policy
     from bostudio.rpc.workers import select_workers, workers_from_config
@@ -614,7 +614,7 @@ def cmd_daemon_install(args: argparse.Namespace) -> int:
 
 
 def cmd_daemon_token(args: argparse.Namespace) -> int:
-    from bostudio.daemon.security import create_token, read_token, token_path
+    from bostudio.daemon.http.security import create_token, read_token, token_path
 
     path = token_path()
     if args.new or read_token(path) is None:

@@ -23,7 +23,7 @@ from bostudio.bench.load import CompetingLoad
 from bostudio.bench.runner import BenchConfig, parse_flash_attn, parse_threads, with_flash_attn, with_threads
 from bostudio.bench.sessions import (AGENT, ROUTES, Request, module_of_turn, recorded_session, replay_request,
                                     shipped_session)
-from bostudio.daemon.record import Recorder
+from bostudio.daemon.http.record import Recorder
 from bostudio.errors import ConfigError
 from tests.daemon_util import DaemonProc
 

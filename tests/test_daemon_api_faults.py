@@ -15,12 +15,12 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from bostudio.daemon.app import build_app
 from bostudio.daemon.capabilities import caps_from_header
-from bostudio.daemon.routes.control import DaemonInfo
-from bostudio.daemon.routes.models import PASSTHROUGH_ROUTES
-from bostudio.daemon.security import allowed_hosts
-from bostudio.daemon.supervisor import SupervisorOptions
+from bostudio.daemon.http.app import build_app
+from bostudio.daemon.http.routes.control import DaemonInfo
+from bostudio.daemon.http.routes.models import PASSTHROUGH_ROUTES
+from bostudio.daemon.http.security import allowed_hosts
+from bostudio.daemon.supervise.supervisor import SupervisorOptions
 from bostudio.gguf.split import read_header
 from tests.daemon_util import DaemonProc, fake_engine
 from tests.gguf_factory import VOCAB, dense_layers, tiny_llama, write_model

@@ -21,7 +21,7 @@ import pytest
 from bostudio.profiles import default_workload
 from bostudio.catalog.resolve import model_name
 from bostudio.cli import main
-from bostudio.daemon.supervisor import decide_child
+from bostudio.daemon.supervise.launching import decide_child
 from bostudio.gguf import describe
 from bostudio.pairing.pair import record_self_draft
 from bostudio.rpc.probe import discover_pool
@@ -70,7 +70,7 @@ def three_ways(model: Path, engine, capsys: pytest.CaptureFixture[str], extra: l
     workers = workers_from_config()
     pool = discover_pool(engine, workers) if workers else None
     kw = {"pool": pool} if pool is not None else {}
-    # what Supervisor._launch_once decides for a model with the default config (spec auto, ctx None)
+    # what EffectsRunner.launch_once decides for a model with the default config (spec auto, ctx None)
     workload = default_workload(model_name(model))
     daemon = decide_child(info, engine, "auto", None, "f16", workload=workload, **kw).argv(port=1234, alias="x")
     assert main(["plan", str(model), "--json", *extra]) == 0

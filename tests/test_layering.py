@@ -42,7 +42,17 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {"rpc": ("bostudio.rpc",), "profiles": ("bostudio.profiles",)},
     {"pairing edge": ("bostudio.pairing.pair", "bostudio.pairing.probe", "bostudio.pairing.fetch")},
     {"launch": ("bostudio.launch",)},
-    {"up": ("bostudio.up",), "daemon": ("bostudio.daemon",), "bench": ("bostudio.bench",)},
+    # the daemon's modules beside its two halves: its defaults, the pid/state file, what a model serves (from
+    # its header), which paths the control API may load
+    {"daemon core": ("bostudio.daemon", "bostudio.daemon.state", "bostudio.daemon.capabilities",
+                     "bostudio.daemon.modelpaths")},
+    # supervision of the children (lifecycle, effects, policy, stats, events) knows nothing of HTTP ...
+    {"daemon supervise": ("bostudio.daemon.supervise",)},
+    # ... and the HTTP edge (app, limits, auth, Host/Origin, field allow-list, routes) asks it for children
+    {"daemon http": ("bostudio.daemon.http",)},
+    # the daemon process (serve, start/stop in the background) wires both; its client is what the CLI uses
+    {"up": ("bostudio.up",), "daemon": ("bostudio.daemon.service", "bostudio.daemon.client"),
+     "bench": ("bostudio.bench",)},
     # clients of the daemon: the TUI talks to it through its client; `launch AGENT` points an agent CLI at it
     {"tui": ("bostudio.tui",), "agents": ("bostudio.agents",)},
     # the CLI opens the TUI (`bostudio` alone)
@@ -55,7 +65,9 @@ ALLOWED: dict[tuple[str, str], str] = {}
 # The pure core: no process, network or UI library, at any level of the code (DESIGN.md: "planner/, pairing/
 # and gguf/describe import no httpx, psutil, pynvml or subprocess"). Hardware's probes are I/O; its Device is not.
 PURE_COMPONENTS = ("errors", "paths", "files", "display", "config", "gguf", "speculation", "planner", "pairing core")
-PURE_MODULES = ("bostudio.hardware", "bostudio.hardware.device")
+PURE_MODULES = ("bostudio.hardware", "bostudio.hardware.device",
+                # the supervisor's decisions: its lifecycle table and its eviction/idle/speculation policy
+                "bostudio.daemon.supervise.lifecycle", "bostudio.daemon.supervise.policy")
 IO_LIBRARIES = ("httpx", "psutil", "pynvml", "amdsmi", "subprocess", "socket", "textual", "uvicorn", "starlette",
                 "huggingface_hub", "llama_cpp")
 
@@ -247,6 +259,26 @@ def test_the_pure_core_imports_no_io_library_anywhere_in_its_code() -> None:
     assert not bad, "\n".join(bad)
 
 
+def test_only_the_effects_runner_starts_stops_or_connects_to_children() -> None:
+    """DESIGN.md: the supervisor decides purely and acts through effects. Within daemon/supervise, no module but
+    effects.py creates a ServerProcess, opens a socket or a client of its own to a child."""
+    child_io = ("subprocess", "socket", "bostudio.runtime.net", "bostudio.runtime.verify", "bostudio.runtime.passthrough")
+    files = module_files()
+    bad = [f"{i.module}:{i.line} imports {i.target}" for i in import_graph()
+           if i.module.startswith("bostudio.daemon.supervise.") and i.module != "bostudio.daemon.supervise.effects"
+           and i.target in child_io]
+    for name, path in files.items():
+        if not name.startswith("bostudio.daemon.supervise.") or name == "bostudio.daemon.supervise.effects":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+                if called in ("ServerProcess", "AsyncLlamaClient", "LlamaClient", "AsyncClient", "Popen"):
+                    bad.append(f"{name}:{node.lineno} calls {called}")
+    assert not bad, "\n".join(bad)
+
+
 def test_only_the_tui_imports_textual() -> None:
     bad = [f"{i.module}:{i.line}" for i in import_graph()
            if i.target in ("textual", "textual_plotext", "plotext", "rich")
@@ -256,7 +288,8 @@ def test_only_the_tui_imports_textual() -> None:
 
 @pytest.mark.parametrize("module", ["bostudio.planner", "bostudio.planner.render", "bostudio.pairing",
                                     "bostudio.pairing.cost", "bostudio.gguf", "bostudio.gguf.describe",
-                                    "bostudio.speculation", "bostudio.config", "bostudio.files", "bostudio.hardware"])
+                                    "bostudio.speculation", "bostudio.config", "bostudio.files", "bostudio.hardware",
+                                    "bostudio.daemon.supervise.lifecycle"])
 def test_the_pure_core_loads_no_io_library(module: str) -> None:
     """At run time, in a fresh interpreter: what importing the module really loads (its imports' imports too)."""
     code = (f"import sys, {module}\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bostudio.cli import main
-from bostudio.daemon.supervisor import decide_child
+from bostudio.daemon.supervise.launching import decide_child
 from bostudio.gguf import describe
 from bostudio.launch import LaunchIntent, gather_and_decide
 from bostudio.pairing.fetch import pair_model

@@ -9,7 +9,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bostudio.daemon.slots import SlotStore, state_key
+from bostudio.daemon.supervise.slots import SlotStore, state_key
 from bostudio.gguf import describe
 from bostudio.hardware.device import Device
 from bostudio.planner import plan_for_launch

@@ -31,7 +31,7 @@ CHATML_TOOLS = "chatml-tools.jinja"
 # A base model writes ChatML's markers as plain text: generation stops there (and they stay out of replies).
 CHATML_STOPS = ("<|im_end|>", "<|im_start|>")
 # A shipped template's tool-call opening marker: a forced call's assistant turn starts with it
-# (daemon/normalise.py), so llama.cpp's grammar leaves the model only the call.
+# (daemon/http/normalise.py), so llama.cpp's grammar leaves the model only the call.
 CALL_PREFILL = {"gemma-tools.jinja": "<tool_call>\n", CHATML_TOOLS: "<tool_call>\n"}
 
 # Architectures -> llama.cpp's built-in template name for a GGUF without a template. Only where the

@@ -31,7 +31,7 @@ from bostudio.speculation import Speculator
 # Slots of every generating server: one agent's concurrent requests (opencode sends two at once, Claude Code
 # a side request beside the main one) each get a slot. With -kvu the slots share one KV pool of the whole
 # context, so each of them can hold a prompt as long as the context; the daemon queues the requests the
-# pool cannot hold together (bostudio.daemon.admission).
+# pool cannot hold together (bostudio.daemon.supervise.admission).
 N_SLOTS = 4
 
 

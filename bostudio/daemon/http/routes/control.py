@@ -16,9 +16,10 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from bostudio import __version__
+from bostudio.daemon.http.router import error_response
 from bostudio.daemon.modelpaths import check_spec
-from bostudio.daemon.router import error_response
-from bostudio.daemon.supervisor import Instance, Supervisor, SupervisorOptions
+from bostudio.daemon.supervise.instance import Instance
+from bostudio.daemon.supervise.supervisor import Supervisor, SupervisorOptions
 from bostudio.errors import BostudioError, ModelError
 
 
@@ -31,7 +32,7 @@ class DaemonInfo:
 
 
 class Answer(Exception):
-    """A control-API answer with an error status and a body (instance state included); daemon/app.py
+    """A control-API answer with an error status and a body (instance state included); daemon/http/app.py
     answers it as it is."""
 
     def __init__(self, status: int, body: dict) -> None:
@@ -133,7 +134,7 @@ def add_routes(api: APIRouter, sup: Supervisor, options: SupervisorOptions, info
         return await asyncio.to_thread(plan_for, model, ctx, cache_type, spec)
 
     def plan_for(model: str, ctx: int | None = None, cache_type: str | None = None, spec: str | None = None) -> dict:
-        from bostudio.daemon.plans import plan_for as plan_of
+        from bostudio.daemon.http.plans import plan_for as plan_of
 
         return plan_of(sup, model, ctx, cache_type, spec)
 

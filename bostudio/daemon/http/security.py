@@ -4,8 +4,8 @@ allowlist against DNS rebinding, and no cross-origin browser access."""
 from __future__ import annotations
 
 import hmac
-import re
 import json
+import re
 import secrets
 import stat
 from collections.abc import Iterable

@@ -1,6 +1,6 @@
 """The daemon's ASGI app: the OpenAI-compatible router under /v1 and the control API under /bostudio.
 FastAPI gives the OpenAPI schema (GET /openapi.json); streams pass through unbuffered. The routes live per
-API family in daemon/routes/ and daemon/ollama.py; here: the lifespan, the error handlers, the middleware."""
+API family in daemon/http/routes/ and daemon/http/ollama.py; here: the lifespan, the error handlers, the middleware."""
 
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
 from bostudio import __version__
-from bostudio.daemon import ollama
-from bostudio.daemon.events import EventBus
-from bostudio.daemon.limits import BodyLimits, HttpLimits
-from bostudio.daemon.router import Router, api_error, api_of, error_response
-from bostudio.daemon.routes import control, logs, models
-from bostudio.daemon.routes.control import DaemonInfo
-from bostudio.daemon.security import SecurityMiddleware
-from bostudio.daemon.supervisor import READY, Supervisor, SupervisorOptions
+from bostudio.daemon.http import ollama
+from bostudio.daemon.http.limits import BodyLimits, HttpLimits
+from bostudio.daemon.http.router import Router, api_error, api_of, error_response
+from bostudio.daemon.http.routes import control, logs, models
+from bostudio.daemon.http.routes.control import DaemonInfo
+from bostudio.daemon.http.security import SecurityMiddleware
+from bostudio.daemon.supervise.events import EventBus
+from bostudio.daemon.supervise.lifecycle import READY
+from bostudio.daemon.supervise.supervisor import Supervisor, SupervisorOptions
 from bostudio.errors import BostudioError
 
 log = logging.getLogger("bostudio.daemon")
@@ -52,7 +53,7 @@ def build_app(options: SupervisorOptions, info: DaemonInfo, hosts: frozenset[str
                               "instances, and a control API (/bostudio) for the CLI, the TUI and tools.")
     app.state.supervisor = sup
     app.state.bus = bus
-    # Every body bounded, timed and parsed off the loop before a route sees it (daemon/limits.py).
+    # Every body bounded, timed and parsed off the loop before a route sees it (daemon/http/limits.py).
     app.add_middleware(BodyLimits, max_body=options.max_body, limits=limits)
 
     @app.exception_handler(Exception)

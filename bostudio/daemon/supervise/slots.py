@@ -27,6 +27,7 @@ import httpx
 
 from bostudio.errors import BostudioError
 from bostudio.files import owner_problem, write_atomic
+from bostudio.runtime.client import AsyncLlamaClient, ChildError
 
 log = logging.getLogger("bostudio.daemon")
 MIN_SAVE_TOKENS = 64  # a shorter prompt is cheaper to recompute than to save and load
@@ -276,14 +277,14 @@ def _float(v: object) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
 
 
-async def save_slots(http: httpx.AsyncClient, store: SlotStore, key: StateKey) -> dict[int, dict]:
+async def save_slots(http: AsyncLlamaClient, store: SlotStore, key: StateKey) -> dict[int, dict]:
     """Save every slot of a running child that holds at least MIN_SAVE_TOKENS tokens; returns
     slot -> {tokens, bytes, ms}. Never raises for the child's errors: a failed save costs only time."""
     saved: dict[int, dict] = {}
     try:
         r = await http.get("/slots", timeout=SLOT_TIMEOUT)
         slots = r.json() if r.status_code == 200 else []
-    except (httpx.HTTPError, ValueError):
+    except (ChildError, ValueError):
         return saved
     store.ensure()
     for s in slots if isinstance(slots, list) else []:
@@ -296,7 +297,7 @@ async def save_slots(http: httpx.AsyncClient, store: SlotStore, key: StateKey) -
             r = await http.post(f"/slots/{sid}", params={"action": "save"}, json={"filename": tmp},
                                 timeout=SLOT_TIMEOUT)
             res = r.json() if r.status_code == 200 else {}
-        except (httpx.HTTPError, ValueError):
+        except (ChildError, ValueError):
             res = {}
         n = int(res.get("n_saved", res.get("n_tokens", 0)) or 0)
         part = store.root / tmp
@@ -311,14 +312,14 @@ async def save_slots(http: httpx.AsyncClient, store: SlotStore, key: StateKey) -
     return saved
 
 
-async def restore_slots(http: httpx.AsyncClient, store: SlotStore, key: StateKey) -> dict[int, int]:
+async def restore_slots(http: AsyncLlamaClient, store: SlotStore, key: StateKey) -> dict[int, int]:
     """Restore the states saved for exactly `key` into their slots; returns slot -> tokens."""
     restored: dict[int, int] = {}
     for sid, tokens in sorted(store.for_key(key).items()):
         try:
             r = await http.post(f"/slots/{sid}", params={"action": "restore"},
                                 json={"filename": store.filename(key.digest, sid)}, timeout=SLOT_TIMEOUT)
-        except httpx.HTTPError as exc:
+        except ChildError as exc:
             log.warning("restoring slot %d failed: %r", sid, exc)
             continue
         if r.status_code == 200:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from bostudio.errors import ContextOverflowError
+from bostudio.runtime.client import BROKEN, CONNECT, AsyncLlamaClient, ChildError
 
 # Where the child counts a request's prompt tokens (template applied) for each generating route.
 COUNT_ROUTES = {"/v1/chat/completions": "/v1/chat/completions/input_tokens",
@@ -109,10 +110,10 @@ def output_budget(body: dict) -> int | None:
     return None
 
 
-async def count_prompt(http: httpx.AsyncClient, path: str, raw: bytes, body: dict) -> int | None:
+async def count_prompt(http: AsyncLlamaClient, path: str, raw: bytes, body: dict) -> int | None:
     """The prompt tokens of a request to `path` as the child counts them (its chat template and
     tokenizer), or None when the route has no count or the child could not count it (then
-    llama-server answers the request itself). A broken connection (httpx.TransportError other than a
+    llama-server answers the request itself). A connection that broke or never opened (ChildError, not a
     timeout) is raised: the child may have died of this request."""
     try:
         if path in COUNT_ROUTES:
@@ -123,11 +124,11 @@ async def count_prompt(http: httpx.AsyncClient, path: str, raw: bytes, body: dic
             r = await http.post("/tokenize", json={"content": body["prompt"], "add_special": True},
                                 timeout=COUNT_TIMEOUT)
             return len(r.json()["tokens"]) if r.status_code == 200 else None
-    except httpx.TimeoutException:
-        return None  # a busy child: the request goes on without a count, as before
-    except httpx.TransportError:
-        raise
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+    except ChildError as exc:
+        if exc.kind in (CONNECT, BROKEN):
+            raise
+        return None  # a busy child (timed out): the request goes on without a count, as before
+    except (ValueError, KeyError, TypeError):
         return None
     return None
 

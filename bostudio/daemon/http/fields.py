@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from bostudio.daemon.guard import MAX_CHOICES, MAX_GRAMMAR_CHARS, MAX_LOGIT_BIAS, MAX_N_PROBS, MAX_TOKENS
+from bostudio.daemon.http.guard import MAX_CHOICES, MAX_GRAMMAR_CHARS, MAX_LOGIT_BIAS, MAX_N_PROBS, MAX_TOKENS
 from bostudio.errors import RequestError
 
 log = logging.getLogger("bostudio.daemon")
@@ -172,7 +172,7 @@ TOKENIZE = {**MODEL, "content": TEXT, "add_special": BOOL, "parse_special": BOOL
 DETOKENIZE = {**MODEL, "tokens": Field(("list",))}
 
 # Every route the daemon forwards, with its allow-list. Ollama's /api/* bodies are translated field by
-# field (daemon/ollama.py: nothing else is read) into /v1/chat/completions or /v1/completions bodies, which
+# field (daemon/http/ollama.py: nothing else is read) into /v1/chat/completions or /v1/completions bodies, which
 # then pass these lists too.
 ALLOWED: dict[str, dict[str, Field]] = {
     "/v1/chat/completions": OPENAI_CHAT, "/v1/chat/completions/input_tokens": OPENAI_CHAT,

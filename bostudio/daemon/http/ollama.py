@@ -27,8 +27,9 @@ from starlette.responses import JSONResponse, Response
 
 from bostudio.catalog.digest import file_digest
 from bostudio.daemon.capabilities import ModelCaps, model_caps
-from bostudio.daemon.router import Reject, Router, api_error
-from bostudio.daemon.supervisor import RESIDENT_STATES, Supervisor
+from bostudio.daemon.http.router import Reject, Router, api_error
+from bostudio.daemon.supervise.lifecycle import RESIDENT_STATES
+from bostudio.daemon.supervise.supervisor import Supervisor
 from bostudio.errors import BostudioError, ModelError
 
 # The Ollama API version this emulates (clients check it before using newer fields).
@@ -240,7 +241,7 @@ def _model_routes(api: APIRouter, sup: Supervisor, router: Router) -> None:
         resident = [inst for inst in sup.instances.values() if inst.state in RESIDENT_STATES]
         entries = await asyncio.to_thread(lambda: [_entry(inst.name, inst.cfg.path) for inst in resident])
         for inst, e in zip(resident, entries):
-            e.update(size=int(inst.plan.get("bytes", e["size"])), size_vram=0, expires_at=None)
+            e.update(size=inst.bytes if inst.decision is not None else e["size"], size_vram=0, expires_at=None)
         return {"models": entries}
 
     @api.post("/api/show", tags=["ollama"], summary="Ollama: one model's details")
@@ -290,7 +291,7 @@ def _generate_routes(api: APIRouter, sup: Supervisor, router: Router) -> None:
                 try:
                     await sup.get_ready(name)
                 except BostudioError as exc:
-                    from bostudio.daemon.router import error_response
+                    from bostudio.daemon.http.router import error_response
                     raise Reject(error_response(exc, "ollama"))
                 return JSONResponse({"model": name, "created_at": now_iso(), "response": "", "done": True,
                                      "done_reason": "load"})

@@ -7,8 +7,8 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from bostudio.daemon.router import Router
-from bostudio.daemon.supervisor import Supervisor
+from bostudio.daemon.http.router import Router
+from bostudio.daemon.supervise.supervisor import Supervisor
 from bostudio.errors import ModelError
 
 # Every llama-server API the router passes through, routed by the body's `model`:

@@ -9,10 +9,11 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Query, Request
 from starlette.responses import StreamingResponse
 
-from bostudio.daemon.events import EventBus
-from bostudio.daemon.router import SSE_HEADERS, sse
-from bostudio.daemon.routes.control import instance_or_404
-from bostudio.daemon.supervisor import Instance, Supervisor
+from bostudio.daemon.http.router import SSE_HEADERS, sse
+from bostudio.daemon.http.routes.control import instance_or_404
+from bostudio.daemon.supervise.events import EventBus
+from bostudio.daemon.supervise.instance import Instance
+from bostudio.daemon.supervise.supervisor import Supervisor
 from bostudio.runtime.process import tail
 
 

@@ -13,20 +13,22 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
-import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from bostudio.daemon import admission, record, toolrescue
 from bostudio.daemon.capabilities import GENERATE, model_caps
-from bostudio.daemon.fields import filter_body
-from bostudio.daemon.guard import check_request
-from bostudio.daemon.normalise import normalise
-from bostudio.daemon.stats import timings_from_body, timings_from_sse
-from bostudio.daemon.supervisor import Instance, Supervisor
+from bostudio.daemon.http import record, toolrescue
+from bostudio.daemon.http.fields import filter_body
+from bostudio.daemon.http.guard import check_request
+from bostudio.daemon.http.normalise import normalise
+from bostudio.daemon.supervise import admission
+from bostudio.daemon.supervise.instance import Instance
+from bostudio.daemon.supervise.stats import timings_from_body, timings_from_sse
+from bostudio.daemon.supervise.supervisor import Supervisor
 from bostudio.errors import BostudioError, ConfigError, ModelError, ModelFileError, RequestError, ServerError
 from bostudio.gguf import describe
 from bostudio.runtime import passthrough
+from bostudio.runtime.client import CONNECT, TIMED_OUT, ChildError
 
 log = logging.getLogger("bostudio.daemon")
 
@@ -41,7 +43,7 @@ TOOL_ROUTES = frozenset({"/v1/chat/completions", "/v1/messages", "/v1/responses"
                          "/v1/responses/input_tokens", "/v1/chat/completions/input_tokens", "/apply-template"})
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MAX_BODY = 64 << 20  # a 128k-token prompt with base64 images fits; more is refused (413)
-PARSED_KEY = "bostudio.json"  # ASGI scope key: (raw, parsed JSON) of a body daemon/limits.BodyLimits read
+PARSED_KEY = "bostudio.json"  # ASGI scope key: (raw, parsed JSON) of a body daemon/http/limits.BodyLimits read
 CLIENT_GONE = 499  # nginx's "client closed request": nothing is sent, the status is for the log
 
 # Anthropic's error types by status (docs.anthropic.com/en/api/errors).
@@ -140,7 +142,7 @@ class Router:
         """The context `name` runs (or will run) with: the running child's, else its config's, else the
         trained context (the launch plan's ceiling). Blocking (a GGUF header): call it off the loop."""
         inst = self.sup.instances.get(name)
-        ctx = inst.plan.get("ctx") if inst is not None and inst.plan else None
+        ctx = inst.decision.ctx if inst is not None and inst.decision is not None else None
         cfg = self.sup.config_for(name)
         return int(ctx or cfg.ctx or describe(cfg.path).n_ctx_train or 4096)
 
@@ -196,7 +198,7 @@ class Router:
                    body: dict | None = None, request: Request | None = None
                    ) -> tuple[Instance, passthrough.UpstreamResponse]:
         """The ready instance (loaded on demand) and its upstream response to POST `path`. A generating
-        request first gets room in the child's KV pool (bostudio.daemon.admission): it waits in line
+        request first gets room in the child's KV pool (bostudio.daemon.supervise.admission): it waits in line
         while the requests in flight fill the pool, and one that can never fit is refused with 400.
         The caller must `release(inst, upstream)` once done with it. Raises Reject. With `request`, a
         client that hangs up meanwhile cancels it: a request waiting for its model to load or for room
@@ -253,17 +255,17 @@ class Router:
                 active = True
                 inst.stats.requests += 1
                 if inst.http is None or inst.port is None:
-                    raise httpx.ConnectError("instance is not ready")
+                    raise ChildError("instance is not ready", kind=CONNECT)
                 upstream = await passthrough.post("127.0.0.1", inst.port, path, raw, inst.api_key)
                 self._held[id(upstream)] = (inst, tokens, launch)
                 return inst, upstream
-            except httpx.HTTPError as exc:
+            except ChildError as exc:
                 if active:
                     inst.active -= 1
                 inst.admission.release(tokens)
                 inst.stats.errors += 1
                 log.warning("%s: upstream %s failed (attempt %d): %r", inst.name, path, attempt, exc)
-                reached = alive and not isinstance(exc, httpx.ConnectError)  # the child had (part of) it
+                reached = alive and exc.reached  # the child had (part of) it
                 try:
                     exited = await self.sup.confirm_exited(inst)
                 except BaseException:  # cancelled meanwhile (the client hung up)
@@ -320,7 +322,7 @@ class Router:
         if prompt is None:
             return 0
         if prompt >= layout.slot_ctx:
-            n_train = int(inst.plan.get("n_ctx_train") or 0) or None
+            n_train = inst.n_ctx_train or None
             raise Reject(error_response(admission.too_long(inst.name, prompt, layout.slot_ctx, n_train), api))
         tokens = admission.reservation(prompt, body, layout.slot_ctx)
         try:
@@ -330,7 +332,7 @@ class Router:
                                              f"{layout.pool_ctx} tokens, and this one ({tokens} tokens with its "
                                              f"output) waited {self.queue_timeout:g} s", "unavailable_error",
                                    "send it again later, or set a smaller max_tokens so requests can share the pool"))
-        inst.prefill.expect(prompt, time.monotonic())  # the total of its prompt progress (daemon/prefill.py)
+        inst.prefill.expect(prompt, time.monotonic())  # the total of its prompt progress (daemon/supervise/prefill.py)
         return tokens
 
     def release(self, inst: Instance, upstream: passthrough.UpstreamResponse | None = None) -> None:
@@ -351,7 +353,7 @@ class Router:
 
     async def chunks(self, inst: Instance, upstream: passthrough.UpstreamResponse) -> AsyncIterator[bytes]:
         """The upstream body as it arrives; a body silent for longer than the idle timeout raises
-        httpx.ReadTimeout (a wedged child must not hold the client forever)."""
+        ChildError, TIMED_OUT (a wedged child must not hold the client forever)."""
         it = upstream.aiter_raw().__aiter__()
         while True:
             try:
@@ -362,14 +364,14 @@ class Router:
             except StopAsyncIteration:
                 return
             except asyncio.TimeoutError:
-                raise httpx.ReadTimeout(f"llama-server for {inst.name} sent nothing for {self.idle_timeout:g} s "
-                                        "(--stream-idle-timeout)")
+                raise ChildError(f"llama-server for {inst.name} sent nothing for {self.idle_timeout:g} s "
+                                 "(--stream-idle-timeout)", kind=TIMED_OUT)
             yield chunk
 
     async def prepare(self, name: str, path: str, body: dict, api: str, raw: bytes | None = None
                       ) -> tuple[bytes, dict]:
         """The body to forward for a checked request: only the fields `path`'s API defines
-        (daemon/fields.py: unknown ones dropped, a bad value refused with 400), then the daemon's own
+        (daemon/http/fields.py: unknown ones dropped, a bad value refused with 400), then the daemon's own
         normalisation (normalise.py: billing header stripped, forced call opened, an output limit on
         every generating route). `raw`, the client's bytes of `body`, is forwarded as it is when nothing
         changed. Raises Reject."""
@@ -423,7 +425,7 @@ class Router:
                 data += chunk
                 if len(data) > (1 << 20):
                     break
-        except httpx.HTTPError:
+        except ChildError:
             pass
         finally:
             with anyio.CancelScope(shield=True):
@@ -431,7 +433,7 @@ class Router:
             self.release(inst, upstream)
         exceeded = admission.exceed_message(bytes(data))
         if exceeded is not None:  # llama-server's own context check: the same answer as admission's
-            n_train = int(inst.plan.get("n_ctx_train") or 0) or None
+            n_train = inst.n_ctx_train or None
             return error_response(admission.too_long(inst.name, exceeded[0], exceeded[1], n_train), api)
         try:
             err = json.loads(data).get("error", {})
@@ -465,10 +467,10 @@ class Router:
             try:
                 async for chunk in (transform(source()) if transform else source()):
                     yield chunk
-            except httpx.HTTPError as exc:
+            except ChildError as exc:
                 # The child died or stalled mid-response: tell a streaming client at once, in-band.
                 inst.stats.errors += 1
-                if not isinstance(exc, httpx.TimeoutException):
+                if exc.kind != TIMED_OUT:
                     self.broke(inst, upstream)
                 log.warning("%s: response failed mid-stream: %s", inst.name, exc)
                 if streaming:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from bostudio.daemon.capabilities import model_caps
-from bostudio.daemon.supervisor import Supervisor, child_inputs
+from bostudio.daemon.supervise.launching import child_inputs
+from bostudio.daemon.supervise.supervisor import Supervisor
 from bostudio.gguf import describe
 from bostudio.launch import view
 from bostudio.planner import what_would_fit

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from bostudio.daemon.router import PARSED_KEY, api_of, error_body
-from bostudio.daemon.security import given_token, token_matches
+from bostudio.daemon.http.router import PARSED_KEY, api_of, error_body
+from bostudio.daemon.http.security import given_token, token_matches
 
 log = logging.getLogger("bostudio.daemon")
 
