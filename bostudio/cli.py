@@ -237,7 +237,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from bostudio.profiles import default_workload
     from bostudio.catalog.resolve import model_name
-    from bostudio.daemon.capabilities import model_caps
     from bostudio.engine.discover import find_engine
     from bostudio.errors import ConfigError
     from bostudio.hardware import load_devices_file
@@ -276,14 +275,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     req = parse_spec(spec)
     if req.draft is not None and not req.draft.is_file():
         spec = f"draft:{_resolve_model(str(req.draft)).path}"  # a catalog name for the draft
-    caps = model_caps(model.path) if model.path.is_file() else None  # a hub model is planned from its header
     # The same gather -> decide as `up`, the daemon and bench (bostudio.launch): the same speculator choice
-    # (tuned profile for the workload, pairing tables, auto-detection, compatibility check) and the same argv.
+    # (tuned profile for the workload, pairing tables, auto-detection, compatibility check), the model's kind
+    # from its header, and the same argv.
     intent = LaunchIntent(ctx=args.ctx, cache_type=args.cache_type, spec=spec, flash_attn=args.flash_attn,
                           speculation=None if args.spec_mode == "auto" else args.spec_mode,
                           draft_cache_type=args.draft_cache_type, min_ctx=args.min_ctx, n_parallel=args.parallel,
-                          reserve=int(args.reserve_gib * GIB), prompt_reuse=args.prompt_cache,
-                          kind_args=caps.launch_args() if caps else (), generates=caps is None or caps.kind == "chat")
+                          reserve=int(args.reserve_gib * GIB), prompt_reuse=args.prompt_cache)
     workload = args.workload or default_workload(model_name(model.path))
     inputs = gather(model, engine, intent, pool=pool, workload=workload, devices=tuple(devices),
                     make_self_draft=False)
@@ -372,7 +370,6 @@ def cmd_pair(args: argparse.Namespace) -> int:
     from bostudio.gguf import describe
     from bostudio.profiles import default_workload
     from bostudio.catalog.resolve import model_name
-    from bostudio.daemon.capabilities import model_caps
     from bostudio.launch import LaunchIntent, gather, view
     from bostudio.pairing.fetch import pair_model
     from bostudio.pairing.pair import make_self_draft, record_self_draft
@@ -396,10 +393,7 @@ def cmd_pair(args: argparse.Namespace) -> int:
     info = describe(model)
     report = pair_model(model, engine, request, ctx=args.ctx, probe=not args.no_probe, workload=workload)
     # What `up` runs with this choice: the same launch decision (bostudio.launch), fed the choice made above.
-    caps = model_caps(model)
-    decision, refused = view(gather(info, engine, LaunchIntent(ctx=args.ctx, spec=args.spec,
-                                                               kind_args=caps.launch_args(),
-                                                               generates=caps.kind == "chat"),
+    decision, refused = view(gather(info, engine, LaunchIntent(ctx=args.ctx, spec=args.spec),
                                     workload=workload, speculator=report.selection.speculator))
     argv = decision.argv(port=8080, alias=model_name(model))
     if args.json:

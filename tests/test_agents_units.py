@@ -11,7 +11,7 @@ import pytest
 
 from bostudio.agents import (CLAUDE_OWN_PROMPT, LOCAL_TIMEOUT_MS, AgentTarget, claude_compacts_at, compaction_notes,
                              configure, max_output_for)
-from bostudio.daemon.capabilities import ModelCaps
+from bostudio.gguf.capabilities import ModelCaps
 from bostudio.daemon.normalise import normalise, strip_billing_header
 from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.gguf.template import TEMPLATES_DIR, choose_template

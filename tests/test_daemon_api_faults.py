@@ -16,27 +16,17 @@ import pytest
 from starlette.testclient import TestClient
 
 from bostudio.daemon.app import build_app
-from bostudio.daemon.capabilities import caps_from_header
+from bostudio.gguf.capabilities import caps_from_header
 from bostudio.daemon.routes.control import DaemonInfo
 from bostudio.daemon.routes.models import PASSTHROUGH_ROUTES
 from bostudio.daemon.security import allowed_hosts
 from bostudio.daemon.supervisor import SupervisorOptions
 from bostudio.gguf.split import read_header
 from tests.daemon_util import DaemonProc, fake_engine
-from tests.gguf_factory import VOCAB, dense_layers, tiny_llama, write_model
+from tests.gguf_factory import tiny_embedder, tiny_llama
 
 TOKEN = "ab" * 32
 NEW_POST_ROUTES = [p for p, *_ in PASSTHROUGH_ROUTES] + ["/api/chat", "/api/generate", "/api/embed", "/api/show"]
-
-
-def tiny_embedder(path: Path, pooling: int = 1) -> Path:
-    """A tiny BERT-style header: an encoder with a pooling type (2 = cls, 4 = rank)."""
-    tensors: dict = {"token_embd.weight": (64, len(VOCAB)), "output_norm.weight": (64,)}
-    tensors.update(dense_layers(2, 64, 4, 4, 16, 128))
-    kv = {".context_length": 512, ".embedding_length": 64, ".block_count": 2, ".feed_forward_length": 128,
-          ".attention.head_count": 4, ".attention.layer_norm_epsilon": 1e-12, ".pooling_type": pooling,
-          ".attention.causal": False, "general.name": "tiny embedder", "general.file_type": 0}
-    return write_model(path, "bert", kv, tensors)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 from bostudio.daemon.slots import SlotStore, state_key
 from bostudio.gguf import describe
 from bostudio.hardware.device import Device
-from bostudio.planner import plan_for_launch
+from bostudio.planner import Intent, plan
 from bostudio.planner.fit import PROMPT_CACHE, prompt_cache_bytes
 from bostudio.planner.memory import MIB
 from tests.gguf_factory import tiny_llama
@@ -26,8 +26,8 @@ def cpu() -> list[Device]:
 
 def test_the_prompt_cache_is_a_planned_component_sized_from_the_kv_pool(gemma_gguf: Path) -> None:
     info = describe(gemma_gguf)
-    plain = plan_for_launch(info, cpu(), ctx=8192)
-    reuse = plan_for_launch(info, cpu(), ctx=8192, prompt_cache=True)
+    plain = plan(info, cpu(), Intent(ctx=8192))
+    reuse = plan(info, cpu(), Intent(ctx=8192, prompt_cache=True, swa_full=True))
     assert plain.chosen.component_bytes(PROMPT_CACHE) == 0
     assert "-cram" not in plain.llama_args() and "--swa-full" not in plain.llama_args()
     cache = reuse.chosen.component_bytes(PROMPT_CACHE)

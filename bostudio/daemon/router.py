@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from bostudio.daemon import admission, record, toolrescue
-from bostudio.daemon.capabilities import GENERATE, model_caps
+from bostudio.gguf.capabilities import GENERATE, model_caps
 from bostudio.daemon.fields import filter_body
 from bostudio.daemon.guard import check_request
 from bostudio.daemon.normalise import normalise

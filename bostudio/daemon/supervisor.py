@@ -14,7 +14,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
@@ -22,7 +22,7 @@ import httpx
 from bostudio import paths
 from bostudio.catalog.resolve import looks_like_path, model_name, resolve_model
 from bostudio.daemon import policy
-from bostudio.daemon.capabilities import ModelCaps, model_caps
+from bostudio.gguf.capabilities import model_caps
 from bostudio.daemon.modelpaths import check_model_path, check_spec
 from bostudio.daemon.prefill import PrefillTracker
 from bostudio.daemon.slots import SlotStore, StateKey, restore_slots, save_slots, state_key
@@ -35,7 +35,7 @@ from bostudio.errors import (BostudioError, ModelError, ModelFileError, OutOfMem
                              RequestError, ServerError)
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware import Device, discover_devices
-from bostudio.launch import Decision, LaunchInputs, LaunchIntent, Layout, decide, gather
+from bostudio.launch import Decision, LaunchInputs, Layout, child_intent, decide, gather
 from bostudio.daemon.admission import Admission
 from bostudio.planner.memory import cache_type as cache_type_of
 from bostudio.planner.fit import PROMPT_CACHE
@@ -47,7 +47,7 @@ from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.net import free_loopback_port
 from bostudio.runtime.process import CrashHistory, ServerProcess, tail
 from bostudio.runtime.verify import verify_speculation
-from bostudio.speculation import Speculator, draft_length, draft_length_ceiling, parse_spec, with_draft_length
+from bostudio.speculation import Speculator, draft_length, draft_length_ceiling, parse_spec
 
 log = logging.getLogger("bostudio.daemon")
 
@@ -114,30 +114,22 @@ class ModelConfig:
 
 def child_inputs(info: ModelInfo, engine: Engine, spec_mode: str, ctx: int | None, cache_type: str = "f16", *,
                  pull: str = "never", workload: str | None = None, fallback: str | None = None,
-                 prompt_reuse: bool = False, caps: ModelCaps | None = None, pool: Pool = Pool(),
-                 devices: tuple[Device, ...] | None = None, children: int = 1,
-                 draft_len: tuple[int, str] | None = None) -> LaunchInputs:
+                 prompt_reuse: bool = False, pool: Pool = Pool(), devices: tuple[Device, ...] | None = None,
+                 children: int = 1, draft_len: tuple[int, str] | None = None) -> LaunchInputs:
     """The launch decision's inputs for a daemon child, gathered as for `bostudio up` (a tuned profile
     for `workload`, else the pairing table, auto-detection and compatibility check, a hub drafter
     fetched as `pull` allows). `fallback` (why auto gave up on the speculator) runs the profile's
     next-best kind, else none. With prompt reuse the plan has a host prompt cache and full SWA caches;
-    embedding and rerank models (`caps`) get their flags and no speculator. RPC workers in `pool` add
-    their devices; `devices` replaces this machine's (Supervisor.planning_devices). `ctx` None: the largest
-    context that fits, up to the training context. `children`: the llama-servers sharing the host's cores
-    with this one (its CPU threads are planned for that). `draft_len`: (n, why) the acceptance check settled
-    on under auto (policy.adapt_draft_length); the plan prices and runs that length."""
-    generates = caps is None or caps.kind == "chat"
-    intent = LaunchIntent(ctx=ctx, cache_type=cache_type, spec=spec_mode, prompt_reuse=prompt_reuse,
-                          kind_args=caps.launch_args() if caps is not None else (), generates=generates,
-                          children=children)
-    speculator = fallback_speculator(info, engine, workload, fallback) if fallback is not None and generates else None
-    inputs = gather(info, engine, intent, pool=pool, workload=workload, pull=pull, speculator=speculator,
-                    devices=devices, log=lambda msg: log.info("%s: %s", info.path.name, msg))
-    if draft_len is not None and draft_length(inputs.speculator) is not None:
-        n, why = draft_len
-        inputs = replace(inputs, speculator=with_draft_length(inputs.speculator, n,
-                                                              f"draft length {n} at run time: {why}"))
-    return inputs
+    embedding and rerank models get their flags and no speculator (gathered from the header). RPC workers
+    in `pool` add their devices; `devices` replaces this machine's (Supervisor.planning_devices). `ctx` None:
+    the largest context that fits, up to the training context. `children`: the llama-servers sharing the
+    host's cores with this one (its CPU threads are planned for that). `draft_len`: (n, why) the acceptance
+    check settled on under auto (policy.adapt_draft_length); the plan prices and runs that length."""
+    return gather(info, engine, child_intent(spec_mode, ctx, cache_type, prompt_reuse=prompt_reuse, children=children,
+                                             draft_len=draft_len),
+                  pool=pool, workload=workload, pull=pull, devices=devices,
+                  speculator=fallback_speculator(info, engine, workload, fallback) if fallback is not None else None,
+                  log=lambda msg: log.info("%s: %s", info.path.name, msg))
 
 
 def decide_child(info: ModelInfo, engine: Engine, spec_mode: str, ctx: int | None, cache_type: str = "f16",
@@ -775,7 +767,7 @@ class Supervisor:
             decision = await asyncio.to_thread(
                 lambda: decide_child(info, engine, cfg.spec, cfg.ctx, cfg.cache_type, pull=self.opts.pull,
                                      workload=workload, fallback=cfg.fallback(workload),
-                                     prompt_reuse=self.slot_store is not None, caps=caps, pool=inst.pool,
+                                     prompt_reuse=self.slot_store is not None, pool=inst.pool,
                                      devices=devices, children=1 + others, draft_len=draft_len))
         except PlanError as exc:
             if inst.lost_workers:  # it fitted with the worker that died: say so; retrying cannot help

@@ -102,6 +102,7 @@ class Intent:
     # llama-servers that may compute on the host's cores at once (the daemon's children): the planned
     # CPU threads (planner.threads) are split between them.
     children: int = 1
+    threads: tuple[int, int] | None = None  # (-t, -tb) asked for instead of the planned ones (bench --threads)
 
     def __post_init__(self) -> None:
         if self.speculation not in ("auto", "on", "off"):
@@ -199,7 +200,11 @@ class Plan:
         on_host = (not gpus or o.output_on_host
                    or o.n_gpu_layers < max_gpu_layers(self.model, include_nextn=o.speculator.kind == "mtp")
                    or (_plan_kind(o.speculator) == "draft" and (o.n_gpu_layers_draft == 0 or o.draft_device == "none")))
-        return plan_threads(host.cores if host is not None else None, self.intent.children, on_host)
+        cores = host.cores if host is not None else None
+        if self.intent.threads is not None:
+            t, tb = self.intent.threads
+            return ThreadPlan(t, tb, cores or max(t, tb), self.intent.children, f"-t {t} -tb {tb} as asked")
+        return plan_threads(cores, self.intent.children, on_host)
 
     def llama_args(self) -> list[str]:
         """The memory and CPU flags of the chosen option for llama-server: context, offload, slots, cache
@@ -809,27 +814,6 @@ def _plan(model: "ModelInfo", devs: tuple[Device, ...], intent: Intent, speculat
     return Plan(model, devs, intent, with_, without, fb if fb.fits else without, why, cost, tokens)
 
 
-def plan_for_launch(model: "ModelInfo", devices: Iterable[Device], *, ctx: int | None = None,
-                    speculator: Speculator = NO_SPEC, draft: "ModelInfo | None" = None,
-                    speculation: str = "auto", cache_type: str = "f16", draft_cache_type: str = "f16",
-                    n_parallel: int = 4, reserve: int = 1 * GIB, prompt_cache: bool = False,
-                    children: int = 1) -> Plan:
-    """The launcher's entry point: plan one model (+ speculator) for these devices. Launch
-    `plan.chosen.speculator` with `plan.llama_args()` appended to the argv (LaunchSpec.extra_args,
-    ctx = plan.chosen.n_ctx). `prompt_cache`: plan prompt reuse (a sized --cache-ram, --swa-full).
-    `children`: llama-servers sharing the host's cores (the CPU threads are split between them).
-    Raises PlanError when nothing fits."""
-    intent = Intent(ctx=ctx, speculation=speculation, cache_type_k=cache_type, cache_type_v=cache_type,
-                    draft_cache_type_k=draft_cache_type, draft_cache_type_v=draft_cache_type,
-                    n_parallel=n_parallel, reserve=reserve, prompt_cache=prompt_cache, swa_full=prompt_cache,
-                    children=children)
-    p = plan(model, devices, intent, speculator, draft)
-    if not p.chosen.fits:
-        raise PlanError(f"{model.path.name} does not fit on these devices: {p.chosen.reason}",
-                        "use a smaller quant, a smaller --ctx, or a quantized KV cache (--cache-type q8_0)")
-    return p
-
-
 @dataclass(frozen=True)
 class FitChange:
     """One change that makes a plan fit: what changes, the intent with it, and the option found."""
@@ -865,5 +849,5 @@ def what_would_fit(model: "ModelInfo", devices: Iterable[Device], intent: Intent
     return out
 
 
-__all__ = ["OUTPUT_ON_HOST_OT", "PROMPT_CACHE", "prompt_cache_bytes", "Intent", "Use", "PlanOption", "Plan", "plan", "plan_for_launch", "what_would_fit", "FitChange", "fit_option", "largest_ctx",
+__all__ = ["OUTPUT_ON_HOST_OT", "PROMPT_CACHE", "prompt_cache_bytes", "Intent", "Use", "PlanOption", "Plan", "plan", "what_would_fit", "FitChange", "fit_option", "largest_ctx",
            "memory_uses", "spec_label", "default_fallback", "NO_SPEC", "NGRAM_SPEC", "MTP_SPEC", "MIB", "GIB"]
