@@ -46,7 +46,7 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     # clients of the daemon: the TUI talks to it through its client; `launch AGENT` points an agent CLI at it
     {"tui": ("bostudio.tui",), "agents": ("bostudio.agents",)},
     # the CLI opens the TUI (`bostudio` alone)
-    {"cli": ("bostudio.cli", "bostudio.cli_bench", "bostudio.cli_launch", "bostudio.__main__")},
+    {"cli": ("bostudio.cli", "bostudio.__main__")},
 )
 
 # Imports that break the order and wait for another branch, each with who removes it and why.
