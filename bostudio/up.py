@@ -15,7 +15,7 @@ from bostudio.errors import ConfigError, ServerError
 from bostudio.gguf import describe
 from bostudio.gguf.template import TemplateChoice
 from bostudio.launch import Decision, gather_and_decide, serve_intent
-from bostudio.pairing.fetch import interactive_ask, resolve_pull_policy
+from bostudio.pairing.edge.fetch import interactive_ask, resolve_pull_policy
 from bostudio.planner import Plan
 from bostudio.planner.pool import placement_lines
 from bostudio.profiles import default_workload

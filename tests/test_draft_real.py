@@ -44,7 +44,7 @@ def test_pair_shows_what_tune_refused_and_by_how_much(engine, tmp_state: Path, t
 
     from bostudio.bench.tune import Candidate, Tally, choose_config, ranked_profile
     from bostudio.bench.measure import OFF, Sample
-    from bostudio.pairing.pair import choose
+    from bostudio.pairing.edge.pair import choose
     from bostudio.profiles import ModelIdentity, Profile, engine_identity, save_profile
     from bostudio.gguf import describe
     from bostudio.speculation import SpecRequest, Speculator

@@ -23,7 +23,7 @@ from bostudio.catalog.resolve import model_name
 from bostudio.cli import main
 from bostudio.daemon.supervisor import decide_child
 from bostudio.gguf import describe
-from bostudio.pairing.pair import record_self_draft
+from bostudio.pairing.edge.pair import record_self_draft
 from bostudio.rpc.probe import discover_pool
 from bostudio.rpc.workers import workers_from_config
 from bostudio.up import UpOptions, prepare_launch

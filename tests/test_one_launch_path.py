@@ -18,7 +18,7 @@ from bostudio.daemon import plans
 from bostudio.daemon import supervisor as sv
 from bostudio.daemon.events import EventBus
 from bostudio.gguf import describe
-from bostudio.pairing.pair import record_self_draft
+from bostudio.pairing.edge.pair import record_self_draft
 from bostudio.speculation import Speculator
 from bostudio.up import UpOptions, prepare_launch
 from tests.gguf_factory import tiny_embedder, tiny_llama

@@ -18,9 +18,9 @@ from bostudio.catalog.hubfiles import parse_ref
 from bostudio.engine.discover import Engine
 from bostudio.errors import ConfigError
 from bostudio.gguf import describe
-from bostudio.pairing.fetch import (DrafterOffer, choose_and_fetch, interactive_ask, resolve_pull_policy,
+from bostudio.pairing.edge.fetch import (DrafterOffer, choose_and_fetch, interactive_ask, resolve_pull_policy,
                                     table_hub_report)
-from bostudio.pairing.table import (CANDIDATE_KINDS, PairingTableError, hub_ref_problem, load_table_file,
+from bostudio.pairing.core.table import (CANDIDATE_KINDS, PairingTableError, hub_ref_problem, load_table_file,
                                     parse_table, shipped_table_path)
 from bostudio.speculation import SPEC_TYPE_ORDER, SpecRequest
 from tests.gguf_factory import tiny_drafter, tiny_glm4moe_mtp, tiny_llama, write_model

@@ -168,7 +168,7 @@ def test_a_self_draft_is_planned_before_it_exists(base: ModelInfo, tmp_path: Pat
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """`plan --spec self-draft:Q2_K`: the copy's header is estimated from the target by bits per weight,
     then placed like any draft: whole on the fastest device while the target spreads."""
-    from bostudio.pairing.pair import self_draft_info
+    from bostudio.pairing.edge.pair import self_draft_info
 
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     m = replace(llama70b(base), n_params=70_600_000_000)

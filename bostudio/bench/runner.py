@@ -23,7 +23,7 @@ from bostudio.engine.discover import Engine
 from bostudio.errors import ConfigError, PortInUseError, ServerError
 from bostudio.gguf import ModelInfo
 from bostudio.launch import Decision, bench_intent, gather_and_decide
-from bostudio.pairing.pair import choose, make_self_draft
+from bostudio.pairing.edge.pair import choose, make_self_draft
 from bostudio.profiles import default_workload
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.net import free_loopback_port

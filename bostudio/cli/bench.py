@@ -83,7 +83,7 @@ def _paired_draft(model: Path, engine) -> Path | None:  # type: ignore[no-untype
     """The draft model the pairing tables and auto-detection offer for `model` (chosen or passed over for its
     break-even: tune measures what the estimate could only guess), or None."""
     from bostudio.gguf import describe
-    from bostudio.pairing.pair import choose
+    from bostudio.pairing.edge.pair import choose
     from bostudio.speculation import SpecRequest
 
     sel, _ = choose(describe(model), SpecRequest("auto"), engine)
@@ -97,7 +97,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from bostudio.catalog.resolve import resolve_model
     from bostudio.engine.discover import find_engine
     from bostudio.errors import ConfigError
-    from bostudio.pairing.pair import make_self_draft
+    from bostudio.pairing.edge.pair import make_self_draft
 
     if args.budget_s < 10:
         raise ConfigError(f"--budget-s {args.budget_s} is too short to measure anything", "give at least 10 s")

@@ -16,7 +16,7 @@ def _daemon_options(args: argparse.Namespace):
     from bostudio.daemon.service import DaemonOptions
     from bostudio.daemon.supervisor import SupervisorOptions
 
-    from bostudio.pairing.fetch import resolve_pull_policy
+    from bostudio.pairing.edge.fetch import resolve_pull_policy
     from bostudio.rpc.workers import select_workers, workers_from_config
 
     pull = resolve_pull_policy(args.pull, interactive=False)

@@ -165,7 +165,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _draft_step(inputs):  # type: ignore[no-untyped-def]
     """(a draft model's step cost on the plan's devices, its break-even acceptance, n_max), or None."""
-    from bostudio.pairing.cost import draft_step_cost
+    from bostudio.pairing.core.cost import draft_step_cost
     from bostudio.speculation import DRAFT_N_MAX
 
     sp = inputs.speculator
@@ -208,8 +208,8 @@ def cmd_pair(args: argparse.Namespace) -> int:
     from bostudio.profiles import default_workload
     from bostudio.catalog.resolve import model_name
     from bostudio.launch import LaunchIntent, gather, view
-    from bostudio.pairing.fetch import pair_model
-    from bostudio.pairing.pair import make_self_draft, record_self_draft
+    from bostudio.pairing.edge.fetch import pair_model
+    from bostudio.pairing.edge.pair import make_self_draft, record_self_draft
     from bostudio.speculation import parse_spec
 
     def note(msg: str) -> None:
@@ -272,8 +272,8 @@ def cmd_pair(args: argparse.Namespace) -> int:
 
 
 def _print_pairing_table(as_json: bool) -> int:
-    from bostudio.pairing.fetch import table_hub_report
-    from bostudio.pairing.table import load_pairings
+    from bostudio.pairing.edge.fetch import table_hub_report
+    from bostudio.pairing.core.table import load_pairings
 
     report = table_hub_report(load_pairings())
     if as_json:

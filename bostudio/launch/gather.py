@@ -13,7 +13,7 @@ from bostudio.gguf import ModelInfo, describe
 from bostudio.gguf.capabilities import model_caps
 from bostudio.hardware import Device, discover_devices
 from bostudio.launch.decide import Decision, LaunchInputs, LaunchIntent, decide
-from bostudio.pairing.fetch import AskFn, choose_and_fetch
+from bostudio.pairing.edge.fetch import AskFn, choose_and_fetch
 from bostudio.rpc.probe import Pool
 from bostudio.speculation import DRAFT_N_MAX, SpecRequest, Speculator, draft_length, parse_spec, with_draft_length
 
@@ -48,7 +48,7 @@ def gather(info: ModelInfo, engine: Engine, intent: LaunchIntent = LaunchIntent(
             if make_self_draft:
                 raise ModelError(f"the chosen draft {speculator.draft} is not on this machine",
                                  "run `bostudio pair` to see why")
-            from bostudio.pairing.pair import self_draft_info  # planned before the copy exists
+            from bostudio.pairing.edge.pair import self_draft_info  # planned before the copy exists
 
             draft = self_draft_info(info, request.quant or "Q2_K") if request.mode == "self-draft" else None
         if draft is None:
@@ -62,7 +62,7 @@ def _choose(info: ModelInfo, request: SpecRequest, engine: Engine, intent: Launc
     if request.mode == "self-draft":
         # The seeds' layout: a low-bit copy of the target drafts for it (made once, cached); the
         # planner puts the copy whole on the fastest device and spreads the target.
-        from bostudio.pairing.pair import make_self_draft, self_draft_info
+        from bostudio.pairing.edge.pair import make_self_draft, self_draft_info
 
         assert request.quant is not None
         if not make:
