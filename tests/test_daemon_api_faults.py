@@ -16,6 +16,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from bostudio.daemon.app import build_app
+from bostudio.engine.argv import kind_args
 from bostudio.gguf.capabilities import caps_from_header
 from bostudio.daemon.routes.control import DaemonInfo
 from bostudio.daemon.routes.models import PASSTHROUGH_ROUTES
@@ -91,11 +92,11 @@ def test_every_route_of_the_app_refuses_a_foreign_host_and_a_missing_token() -> 
 
 def test_capabilities_come_from_the_gguf_header(fake_root: Path, tmp_path: Path) -> None:
     chat = caps_from_header(read_header(fake_root / "models" / "fake-ok.gguf"))
-    assert (chat.kind, chat.fim, chat.launch_args()) == ("chat", False, ())
+    assert (chat.kind, chat.fim, kind_args(chat)) == ("chat", False, ())
     emb = caps_from_header(read_header(fake_root / "models" / "fake-embed.gguf"))
-    assert (emb.kind, emb.pooling, emb.launch_args()) == ("embedding", "mean", ("--embeddings", "--pooling", "mean"))
+    assert (emb.kind, emb.pooling, kind_args(emb)) == ("embedding", "mean", ("--embeddings", "--pooling", "mean"))
     rank = caps_from_header(read_header(tiny_embedder(tmp_path / "rank.gguf", pooling=4)))
-    assert (rank.kind, rank.launch_args()) == ("rerank", ("--reranking",))
+    assert (rank.kind, kind_args(rank)) == ("rerank", ("--reranking",))
     assert "embedding model" in chat.refusal("/v1/embeddings", "m").message
     assert "FIM" in chat.refusal("/infill", "m").message
     assert emb.refusal("/v1/chat/completions", "e").message.startswith("e is an embedding model")

@@ -139,3 +139,29 @@ def test_the_plans_route_shows_the_threads_and_draft_length_the_load_runs(models
     assert comparable(view) == comparable(load)
     assert (view[view.index("-t") + 1], view[view.index("-tb") + 1]) == ("3", "3")  # 8 cores - 2 headroom, halved
     assert view[view.index("--spec-draft-n-max") + 1] == "3"
+
+
+# llama-server's launch flags that bostudio writes ("-c" is left out: `python -c` shares it).
+LAUNCH_FLAGS = {"-ngl", "-np", "-kvu", "-ctk", "-ctv", "-fit", "-fa", "-dev", "-ts", "-ot", "-ngld", "-devd", "-ctkd",
+                "-ctvd", "-t", "-tb", "-cram", "--swa-full", "--embeddings", "--pooling", "--reranking", "--jinja",
+                "--no-jinja", "--chat-template-file", "--chat-template", "--reverse-prompt", "--spec-type", "-md",
+                "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min", "--slot-save-path", "-lv",
+                "--metrics", "--alias", "--cache-ram"}
+# Where they may be written: the launch decision and the argv builder; engine discovery reads them from
+# `llama-server --help` (what the binary supports) and writes none.
+FLAG_HOMES = ("launch/", "engine/argv.py", "engine/discover.py")
+
+
+def test_launch_flags_are_written_only_by_the_launch_decision_and_the_argv_builder() -> None:
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "bostudio"
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(FLAG_HOMES):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in LAUNCH_FLAGS:
+                found.append(f"bostudio/{rel}:{node.lineno}: {node.value}")
+    assert not found, "llama-server flags written outside bostudio/launch and engine/argv.py:\n" + "\n".join(found)

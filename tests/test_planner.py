@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from bostudio.cli import main
 from bostudio.errors import ConfigError, PlanError
+from bostudio.engine.argv import plan_args
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware.device import GIB, MIB, Device
 from bostudio.planner import (CACHE_TYPES, MTP_SPEC, NO_SPEC, ContextSettings, Intent, kv_cache_bytes,
@@ -231,7 +232,7 @@ def test_auto_keeps_a_draft_that_leaves_the_minimum_context(base: ModelInfo) -> 
     assert p.spec_cost_tokens > 0 and p.without_spec.n_ctx > p.with_spec.n_ctx
     assert p.cost_line.startswith("the draft d.gguf costs ") and "tokens of context" in p.cost_line
     assert p.chosen.speculator == draft_spec(info)  # what to launch
-    args = p.llama_args()
+    args = plan_args(p)
     assert args[args.index("-c") + 1] == str(p.chosen.n_ctx)
     assert args[args.index("-ngld") + 1] == "17"
     for flag in ("-ngl", "-ctk", "-ctv", "-ctkd", "-ctvd", "-kvu", "-np"):
@@ -267,7 +268,7 @@ def test_mtp_needs_nextn_layers(base: ModelInfo) -> None:
 
 
 def _fa(p) -> str:  # type: ignore[no-untyped-def]
-    args = p.llama_args()
+    args = plan_args(p)
     return args[args.index("-fa") + 1]
 
 
@@ -310,7 +311,7 @@ def test_the_launch_decision_gives_the_plans_flags(base: ModelInfo) -> None:
     engine = Engine(Path("/x"), "explicit")
     m = shape(base, n_layer=8, layer_bytes=10 * MIB, n_nextn=1)
     p = decide(LaunchInputs(m, engine, GPU24, MTP_SPEC, intent=LaunchIntent(ctx=8192, cache_type="q8_0"))).plan
-    args = p.llama_args()
+    args = plan_args(p)
     assert args[:4] == ["-c", "8192", "-ngl", "10"]  # 8 trunk + 1 NextN layer + output
     assert ["-ctk", "q8_0", "-ctv", "q8_0"] == args[args.index("-ctk"):args.index("-ctk") + 4]
     assert args[args.index("-fa") + 1] == "on"  # a quantized V cache needs flash attention

@@ -344,10 +344,9 @@ class Bench:
                 "spread": None if spread is None else round(spread, 4), "restarted": restarted}
 
     def threads_of(self, config: BenchConfig) -> int:
-        """The most CPU threads `config`'s server runs (its -t or -tb, whichever is larger)."""
-        argv = self.argv(config, 0)
-        found = [int(argv[i + 1]) for i, a in enumerate(argv[:-1]) if a in ("-t", "-tb") and argv[i + 1].isdigit()]
-        return max(found, default=self.cores)
+        """The most CPU threads `config`'s server runs (its -t or -tb, whichever is larger: its plan's)."""
+        t = self.decision_for(config).plan.threads
+        return max(t.threads, t.threads_batch) if t is not None else self.cores
 
     def hold_cores(self, held: bool) -> list[int] | None:
         """With `held`: every server's threads on the same cores, one logical CPU per physical core from the end

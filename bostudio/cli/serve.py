@@ -89,6 +89,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from bostudio.hardware import load_devices_file
     from bostudio.launch import LaunchIntent, gather, view
     from bostudio.planner.memory import GIB, cache_type
+    from bostudio.engine.argv import plan_args
     from bostudio.planner.render import plan_json, render_plan
     from bostudio.rpc.probe import Pool
     from bostudio.speculation import parse_spec
@@ -140,7 +141,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"note: {problem}", file=sys.stderr)
     step = _draft_step(inputs)
     if args.json:
-        print_json(dict(plan_json(p), speculation=speculator.label, reason=speculator.reason,
+        print_json(dict(plan_json(p, plan_args(p)), speculation=speculator.label, reason=speculator.reason,
                          draft_step=step[0].to_json() if step else None,
                          draft_break_even=step[1] if step else None,
                          draft=str(speculator.draft) if speculator.draft else None, workload=workload,
@@ -149,7 +150,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         from bostudio.display import terminal_print
 
-        terminal_print(render_plan(p))  # file names and GGUF strings inside: never raw to the terminal
+        terminal_print(render_plan(p, plan_args(p)))  # file names and GGUF strings inside: never raw to the terminal
         terminal_print(f"speculator: {speculator.label} ({speculator.reason})")
         if step:
             pays = "never pays" if step[1] is None else f"pays above {100 * step[1]:.0f}% acceptance"

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bostudio.engine.argv import LaunchSpec, build_argv
+from bostudio.engine.argv import LaunchSpec, build_argv, kind_args, plan_args
 from bostudio.engine.discover import Engine
 from bostudio.errors import PlanError
 from bostudio.gguf import ModelInfo
@@ -90,8 +90,8 @@ class LaunchInputs:
 
     @property
     def kind_args(self) -> tuple[str, ...]:
-        """The flags the model's kind needs (ModelCaps.launch_args: --embeddings, --pooling, --reranking)."""
-        return self.caps.launch_args() if self.caps is not None else ()
+        """The flags the model's kind needs (engine.argv.kind_args: --embeddings, --pooling, --reranking)."""
+        return kind_args(self.caps) if self.caps is not None else ()
 
     def planner_intent(self) -> Intent:
         i, sp = self.intent, self.speculator
@@ -178,7 +178,7 @@ class Decision:
     def args(self) -> tuple[str, ...]:
         """The flags after the speculator's: the plan's (offload, slots, cache types, -fit off, the
         draft's placement and cache types, prompt cache; LaunchSpec carries -c) and the model kind's."""
-        a = self.plan.llama_args()
+        a = plan_args(self.plan)
         i = a.index("-c")
         cold = ("-cram", "0") if self.inputs.intent.cold_slots else ()
         return tuple(a[:i] + a[i + 2:]) + cold + self.inputs.kind_args

@@ -4,8 +4,8 @@ No file, process or network access here (a test proves it by importing this pack
 interpreter and looking at sys.modules).
 
     plan(model, devices, intent, speculator, draft) -> Plan   both options, the choice and why; the one
-        launch decision (bostudio.launch.decide) calls it and launches plan.chosen.speculator with
-        plan.llama_args()
+        launch decision (bostudio.launch.decide) calls it and launches plan.chosen.speculator with the
+        plan's flags (bostudio.engine.argv.plan_args)
 
 The speculator is bostudio.speculation.Speculator (what llama-server runs); a draft speculator is
 planned from its draft model's header (`draft=describe(path)`).
