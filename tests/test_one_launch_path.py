@@ -21,26 +21,12 @@ from bostudio.gguf import describe
 from bostudio.pairing.edge.pair import record_self_draft
 from bostudio.speculation import Speculator
 from bostudio.up import UpOptions, prepare_launch
+from tests.argv_util import comparable
 from tests.gguf_factory import tiny_embedder, tiny_llama
 from tests.netutil import free_port
 
-# What differs between two launches of one decision: where they listen, what they are called, their key,
-# and where files are.
-VARYING = {"--port", "--alias", "--api-key", "-m", "-md", "--slot-save-path", "--host"}
 # The speculator's own flags (engine/argv.py writes them from the chosen Speculator).
 SPEC_FLAGS = ("--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min")
-
-
-def comparable(argv: list[str]) -> list[str]:
-    """argv without the binary and the values that may differ between launches."""
-    out, skip = [], False
-    for a in argv[1:]:
-        if skip:
-            skip = False
-            continue
-        out.append(a)
-        skip = a in VARYING
-    return out
 
 
 def spec_flags(argv: list[str]) -> dict[str, str]:
