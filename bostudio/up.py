@@ -14,8 +14,8 @@ from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import ConfigError, ServerError
 from bostudio.gguf import describe
 from bostudio.gguf.template import TemplateChoice
-from bostudio.launch import Decision, LaunchIntent, gather_and_decide
-from bostudio.pairing.fetch import interactive_ask, resolve_pull_policy
+from bostudio.launch import Decision, gather_and_decide, serve_intent
+from bostudio.pairing.edge.fetch import interactive_ask, resolve_pull_policy
 from bostudio.planner import Plan
 from bostudio.planner.pool import placement_lines
 from bostudio.profiles import default_workload
@@ -71,8 +71,8 @@ def prepare_launch(opts: UpOptions, note=print) -> Prepared:  # type: ignore[no-
     workload = opts.workload or default_workload(model_name(model))
     pool = worker_pool(engine, workers, note)
     policy = resolve_pull_policy(opts.pull)
-    decision = gather_and_decide(info, engine, LaunchIntent(ctx=opts.ctx, cache_type=opts.cache_type, spec=opts.spec,
-                                                               flash_attn=opts.flash_attn),
+    decision = gather_and_decide(info, engine, serve_intent(ctx=opts.ctx, cache_type=opts.cache_type, spec=opts.spec,
+                                                            flash_attn=opts.flash_attn),
                                  pool=pool, workload=workload, pull=policy,
                                  ask=interactive_ask() if policy == "ask" else None, log=note)
     launch = decision.launch_spec(port=opts.port, alias=model_name(model), host=opts.host)

@@ -340,7 +340,7 @@ def test_requests_abandoned_while_a_model_loads_are_dropped(daemon: DaemonProc) 
 
 
 def test_an_ollama_embed_abandoned_while_its_model_loads_is_dropped(daemon: DaemonProc, fake_root: Path) -> None:
-    from tests.test_daemon_api_faults import tiny_embedder
+    from tests.gguf_factory import tiny_embedder
 
     # /api/embed passed the client's request where Router.open takes the body: a hang-up cancelled nothing.
     tiny_embedder(fake_root / "models" / "fake-progress-embed.gguf")  # "progress": the fake loads for 3 s

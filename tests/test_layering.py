@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent / "bostudio"
 # Bottom first. A module may import its own component and any component of a lower layer. The components of
 # one layer are independent: they may not import each other (import-linter's `a | b`). A component is a set of
 # module names; each also covers the modules below it (a package), and the longest name that matches decides,
-# so "bostudio.pairing" is the pairing core and "bostudio.pairing.fetch" the edge. "bostudio" alone is only the
-# package's own __init__ (the version).
+# so "bostudio.pairing.core" is the pairing core and "bostudio.pairing.edge" the edge, whatever modules each
+# folder holds. "bostudio" alone is only the package's own __init__ (the version).
 LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {"errors": ("bostudio", "bostudio.errors")},
     # where things live, whole-file writes, showing untrusted text
@@ -32,19 +32,20 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     # config.toml (each part reads its own table), GGUF headers, devices, what a speculator is
     {"config": ("bostudio.config",), "gguf": ("bostudio.gguf",), "hardware": ("bostudio.hardware",),
      "speculation": ("bostudio.speculation",)},
-    # the pure memory model: below the pairing core, which prices speculators with it (pairing.cost)
+    # the pure memory model: below the pairing core, which prices speculators with it (pairing.core.cost)
     {"planner": ("bostudio.planner",)},
-    {"pairing core": ("bostudio.pairing", "bostudio.pairing.compat", "bostudio.pairing.cost",
-                      "bostudio.pairing.guardrails", "bostudio.pairing.select", "bostudio.pairing.table")},
+    # pairing/core/: pairings.toml schema, compatibility, candidate costs, guardrails, select()
+    {"pairing core": ("bostudio.pairing", "bostudio.pairing.core")},
     {"catalog": ("bostudio.catalog",), "engine": ("bostudio.engine",), "runtime": ("bostudio.runtime",)},
     # rpc probes workers through the engine and runs rpc-server with runtime; the profile store is keyed
     # by the engine build and read by the pairing edge, up, the daemon and bench, and written by tune
     {"rpc": ("bostudio.rpc",), "profiles": ("bostudio.profiles",)},
-    {"pairing edge": ("bostudio.pairing.pair", "bostudio.pairing.probe", "bostudio.pairing.fetch")},
+    # pairing/edge/: pair (local files, the engine's tools), probe (tokenizers), fetch (the hub)
+    {"pairing edge": ("bostudio.pairing.edge",)},
     {"launch": ("bostudio.launch",)},
     # the daemon's modules beside its two halves: its defaults, the pid/state file, what a model serves (from
     # its header), which paths the control API may load
-    {"daemon core": ("bostudio.daemon", "bostudio.daemon.state", "bostudio.daemon.capabilities",
+    {"daemon core": ("bostudio.daemon", "bostudio.daemon.state",
                      "bostudio.daemon.modelpaths")},
     # supervision of the children (lifecycle, effects, policy, stats, events) knows nothing of HTTP ...
     {"daemon supervise": ("bostudio.daemon.supervise",)},
@@ -56,7 +57,7 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     # clients of the daemon: the TUI talks to it through its client; `launch AGENT` points an agent CLI at it
     {"tui": ("bostudio.tui",), "agents": ("bostudio.agents",)},
     # the CLI opens the TUI (`bostudio` alone)
-    {"cli": ("bostudio.cli", "bostudio.cli_bench", "bostudio.cli_launch", "bostudio.__main__")},
+    {"cli": ("bostudio.cli", "bostudio.__main__")},
 )
 
 # Imports that break the order and wait for another branch, each with who removes it and why.
@@ -287,7 +288,8 @@ def test_only_the_tui_imports_textual() -> None:
 
 
 @pytest.mark.parametrize("module", ["bostudio.planner", "bostudio.planner.render", "bostudio.pairing",
-                                    "bostudio.pairing.cost", "bostudio.gguf", "bostudio.gguf.describe",
+                                    "bostudio.pairing.core", "bostudio.pairing.core.cost",
+                                    "bostudio.pairing.core.select", "bostudio.gguf", "bostudio.gguf.describe",
                                     "bostudio.speculation", "bostudio.config", "bostudio.files", "bostudio.hardware",
                                     "bostudio.daemon.supervise.lifecycle"])
 def test_the_pure_core_loads_no_io_library(module: str) -> None:

@@ -14,8 +14,8 @@ from bostudio.cli import main
 from bostudio.daemon.supervise.launching import decide_child
 from bostudio.gguf import describe
 from bostudio.launch import LaunchIntent, gather_and_decide
-from bostudio.pairing.fetch import pair_model
-from bostudio.pairing.pair import record_self_draft
+from bostudio.pairing.edge.fetch import pair_model
+from bostudio.pairing.edge.pair import record_self_draft
 from bostudio.speculation import SpecRequest
 from tests.gguf_factory import tiny_glm4moe_mtp, tiny_llama
 

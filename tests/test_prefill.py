@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from bostudio.agents.run import first_turn_note
-from bostudio.cli import _print_ps
+from bostudio.cli.daemon import _print_ps
 from bostudio.daemon.supervise.prefill import PrefillTracker, estimate
 from bostudio.daemon.supervise.stats import InstanceStats
 from bostudio.display import human_duration, prefill_line
@@ -211,7 +211,7 @@ def test_launch_prints_the_note_on_stderr_before_it_hands_over_to_the_agent(monk
     from bostudio.agents import AgentConfig
     from bostudio.agents import run as agent_run
     from bostudio.cli import build_parser, parse_args
-    from bostudio.cli_launch import cmd_launch
+    from bostudio.cli.launch import cmd_launch
 
     order: list[str] = []
     cfg = AgentConfig("claude", "claude", "@anthropic-ai/claude-code@2.1.332", {})

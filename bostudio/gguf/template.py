@@ -72,15 +72,6 @@ class TemplateChoice:
         tail = " (fallback: " + self.reason + ")" if self.is_fallback else ""
         return what + ("" if self.renders_tools else ", renders no tools") + tail
 
-    def argv(self) -> tuple[str, ...]:
-        """llama-server flags for this choice (none for the GGUF's own template)."""
-        if self.source == "shipped":
-            stops = tuple(a for s in self.stops for a in ("--reverse-prompt", s))
-            return ("--jinja", "--chat-template-file", str(self.file), *stops)
-        if self.source == "builtin":
-            return ("--no-jinja", "--chat-template", self.name)
-        return ()
-
     def to_json(self) -> dict:
         return {"source": self.source, "name": self.name, "file": str(self.file) if self.file else None,
                 "is_fallback": self.is_fallback, "renders_tools": self.renders_tools, "reason": self.reason,

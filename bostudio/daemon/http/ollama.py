@@ -26,7 +26,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from bostudio.catalog.digest import file_digest
-from bostudio.daemon.capabilities import ModelCaps, model_caps
+from bostudio.gguf.capabilities import ModelCaps, model_caps
 from bostudio.daemon.http.router import Reject, Router, api_error
 from bostudio.daemon.supervise.lifecycle import RESIDENT_STATES
 from bostudio.daemon.supervise.supervisor import Supervisor

@@ -16,7 +16,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from bostudio.daemon.capabilities import GENERATE, model_caps
+from bostudio.gguf.capabilities import GENERATE, model_caps
 from bostudio.daemon.http import record, toolrescue
 from bostudio.daemon.http.fields import filter_body
 from bostudio.daemon.http.guard import check_request

@@ -19,7 +19,7 @@ from dataclasses import asdict
 
 import httpx
 
-from bostudio.daemon.capabilities import model_caps
+from bostudio.gguf.capabilities import model_caps
 from bostudio.daemon.supervise import lifecycle as lc
 from bostudio.daemon.supervise.instance import Instance
 from bostudio.daemon.supervise.launching import decide_child
@@ -189,7 +189,7 @@ class EffectsRunner:
             decision = await asyncio.to_thread(
                 lambda: decide_child(info, engine, cfg.spec, cfg.ctx, cfg.cache_type, pull=self.opts.pull,
                                      workload=workload, fallback=cfg.fallback(workload),
-                                     prompt_reuse=sup.slot_store is not None, caps=caps, pool=inst.pool,
+                                     prompt_reuse=sup.slot_store is not None, pool=inst.pool,
                                      devices=devices, children=1 + others, draft_len=draft_len))
         except PlanError as exc:
             if inst.lost_workers:  # it fitted with the worker that died: say so; retrying cannot help

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bostudio.daemon.capabilities import model_caps
+from bostudio.gguf.capabilities import model_caps
 from bostudio.daemon.state import instance_log_path
 from bostudio.daemon.supervise.admission import Admission
 from bostudio.daemon.supervise.lifecycle import FAILED, READY, RESIDENT_STATES, STOPPING, Life

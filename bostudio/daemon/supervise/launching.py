@@ -5,46 +5,36 @@ the other children sharing the host's cores)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 
-from bostudio.daemon.capabilities import ModelCaps
 from bostudio.engine.discover import Engine
 from bostudio.gguf import ModelInfo
 from bostudio.hardware import Device
-from bostudio.launch import Decision, LaunchInputs, LaunchIntent, decide, gather
+from bostudio.launch import Decision, LaunchInputs, child_intent, decide, gather
 from bostudio.profiles import find_profile, speculator_from_json
 from bostudio.rpc.probe import Pool
-from bostudio.speculation import Speculator, draft_length, with_draft_length
+from bostudio.speculation import Speculator
 
 log = logging.getLogger("bostudio.daemon")
 
 
 def child_inputs(info: ModelInfo, engine: Engine, spec_mode: str, ctx: int | None, cache_type: str = "f16", *,
                  pull: str = "never", workload: str | None = None, fallback: str | None = None,
-                 prompt_reuse: bool = False, caps: ModelCaps | None = None, pool: Pool = Pool(),
-                 devices: tuple[Device, ...] | None = None, children: int = 1,
-                 draft_len: tuple[int, str] | None = None) -> LaunchInputs:
+                 prompt_reuse: bool = False, pool: Pool = Pool(), devices: tuple[Device, ...] | None = None,
+                 children: int = 1, draft_len: tuple[int, str] | None = None) -> LaunchInputs:
     """The launch decision's inputs for a daemon child, gathered as for `bostudio up` (a tuned profile
     for `workload`, else the pairing table, auto-detection and compatibility check, a hub drafter
     fetched as `pull` allows). `fallback` (why auto gave up on the speculator) runs the profile's
     next-best kind, else none. With prompt reuse the plan has a host prompt cache and full SWA caches;
-    embedding and rerank models (`caps`) get their flags and no speculator. RPC workers in `pool` add
-    their devices; `devices` replaces this machine's (Supervisor.planning_devices). `ctx` None: the largest
-    context that fits, up to the training context. `children`: the llama-servers sharing the host's cores
-    with this one (its CPU threads are planned for that). `draft_len`: (n, why) the acceptance check settled
-    on under auto (policy.adapt_draft_length); the plan prices and runs that length."""
-    generates = caps is None or caps.kind == "chat"
-    intent = LaunchIntent(ctx=ctx, cache_type=cache_type, spec=spec_mode, prompt_reuse=prompt_reuse,
-                          kind_args=caps.launch_args() if caps is not None else (), generates=generates,
-                          children=children)
-    speculator = fallback_speculator(info, engine, workload, fallback) if fallback is not None and generates else None
-    inputs = gather(info, engine, intent, pool=pool, workload=workload, pull=pull, speculator=speculator,
-                    devices=devices, log=lambda msg: log.info("%s: %s", info.path.name, msg))
-    if draft_len is not None and draft_length(inputs.speculator) is not None:
-        n, why = draft_len
-        inputs = replace(inputs, speculator=with_draft_length(inputs.speculator, n,
-                                                              f"draft length {n} at run time: {why}"))
-    return inputs
+    embedding and rerank models get their flags and no speculator (gathered from the header). RPC workers
+    in `pool` add their devices; `devices` replaces this machine's (Supervisor.planning_devices). `ctx` None:
+    the largest context that fits, up to the training context. `children`: the llama-servers sharing the
+    host's cores with this one (its CPU threads are planned for that). `draft_len`: (n, why) the acceptance
+    check settled on under auto (policy.adapt_draft_length); the plan prices and runs that length."""
+    return gather(info, engine, child_intent(spec_mode, ctx, cache_type, prompt_reuse=prompt_reuse, children=children,
+                                             draft_len=draft_len),
+                  pool=pool, workload=workload, pull=pull, devices=devices,
+                  speculator=fallback_speculator(info, engine, workload, fallback) if fallback is not None else None,
+                  log=lambda msg: log.info("%s: %s", info.path.name, msg))
 
 
 def decide_child(info: ModelInfo, engine: Engine, spec_mode: str, ctx: int | None, cache_type: str = "f16",

@@ -142,7 +142,7 @@ def add_routes(api: APIRouter, sup: Supervisor, options: SupervisorOptions, info
              summary="The speculator each mode would pair with a model; auto's candidates and why each was passed over")
     async def pairings(model: str) -> dict:
         from bostudio.gguf import describe
-        from bostudio.pairing.pair import choose
+        from bostudio.pairing.edge.pair import choose
         from bostudio.speculation import parse_spec
 
         cfg = sup.config_for(model)

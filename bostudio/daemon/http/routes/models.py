@@ -13,7 +13,7 @@ from bostudio.errors import ModelError
 
 # Every llama-server API the router passes through, routed by the body's `model`:
 # (path, error shape, OpenAPI tag, summary). Streams pass unbuffered; a model that cannot serve a
-# route is refused with 400 before launch (bostudio/daemon/capabilities.py).
+# route is refused with 400 before launch (bostudio/gguf/capabilities.py).
 PASSTHROUGH_ROUTES = (
     ("/v1/chat/completions", "openai", "openai", "Chat completion"),
     ("/v1/completions", "openai", "openai", "Text completion"),

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from bostudio.cli.options import add_engine, model_or_default
+
 BAR = 28
 
 
@@ -81,7 +83,7 @@ def _paired_draft(model: Path, engine) -> Path | None:  # type: ignore[no-untype
     """The draft model the pairing tables and auto-detection offer for `model` (chosen or passed over for its
     break-even: tune measures what the estimate could only guess), or None."""
     from bostudio.gguf import describe
-    from bostudio.pairing.pair import choose
+    from bostudio.pairing.edge.pair import choose
     from bostudio.speculation import SpecRequest
 
     sel, _ = choose(describe(model), SpecRequest("auto"), engine)
@@ -95,7 +97,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from bostudio.catalog.resolve import resolve_model
     from bostudio.engine.discover import find_engine
     from bostudio.errors import ConfigError
-    from bostudio.pairing.pair import make_self_draft
+    from bostudio.pairing.edge.pair import make_self_draft
 
     if args.budget_s < 10:
         raise ConfigError(f"--budget-s {args.budget_s} is too short to measure anything", "give at least 10 s")
@@ -163,16 +165,14 @@ def _add_session_options(p) -> None:  # type: ignore[no-untyped-def]
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="measure speculation side by side: tok/s, speed-up, acceptance",
+    p = sub.add_parser("bench", parents=[model_or_default()],
+                       help="measure speculation side by side: tok/s, speed-up, acceptance",
                        description="Run the same prompts with speculation off and with each speculator, on the "
                                    "same engine in one run, interleaved (A B A B), fresh prompts each run. Per "
                                    "configuration: decode tok/s (median, min-max), speed-up against off with the "
                                    "spread of the paired ratios, acceptance (accepted/drafted), mean accepted "
                                    "length (tokens per target forward), prompt tok/s. --ctx adds a context "
                                    "sweep filled with real code. Progress goes to stderr.")
-    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
-                   help="a GGUF path or a model name `bostudio ls` shows (default: the embedded "
-                        "Qwen2.5-Coder-1.5B-Instruct)")
     p.add_argument("--workload", action="append", default=None, metavar="W",
                    help="code | edit | chat | a prompt FILE; repeat or comma-separate (default: code,edit,chat); "
                         "or agent sessions, turn by turn: `agent` (the shipped session: a system prompt and tool "
@@ -210,10 +210,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="write a PNG: tok/s against context, and a bar chart per workload (needs matplotlib)")
-    p.add_argument("--engine", default=None, metavar="PATH", help="llama-server binary (default: the best found)")
+    add_engine(p, "llama-server binary (default: the best found)")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("tune", help="find the speculator and parameters that pay for a model and workload",
+    p = sub.add_parser("tune", parents=[model_or_default()],
+                       help="find the speculator and parameters that pay for a model and workload",
                        description="Sweep the available speculators and their parameters (n-gram types and sizes, "
                                    "draft n_max 1-8 and p_min, MTP n_max, n-gram + draft) by successive halving "
                                    "(each round one prompt per task of the workload, doubling; whole rounds only) "
@@ -223,9 +224,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                    "above 1). Saves a profile per (model file, engine commit + backend, "
                                    "workload) under $XDG_STATE_HOME/bostudio/profiles that `up --workload W` and "
                                    "the daemon use; a profile older than the engine build or the model is ignored.")
-    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
-                   help="a GGUF path or a model name `bostudio ls` shows (default: the embedded "
-                        "Qwen2.5-Coder-1.5B-Instruct)")
     p.add_argument("--workload", action="append", default=None, metavar="W",
                    help="code | edit | chat | a prompt FILE; one profile each (default: code); or `agent` / a "
                         "recorded session DIR: tune on whole sessions (a pass = the session replayed turn by "
@@ -245,5 +243,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--self-draft", default=None, metavar="QUANT",
                    help="sweep draft-simple with a QUANT copy of MODEL (made with llama-quantize, cached)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--engine", default=None, metavar="PATH", help="llama-server binary (default: the best found)")
+    add_engine(p, "llama-server binary (default: the best found)")
     p.set_defaults(func=cmd_tune)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from bostudio.errors import ConfigError, EngineError
 from bostudio.gguf import ModelInfo
-from bostudio.pairing.compat import CompatReport
-from bostudio.pairing.cost import MAX_BREAK_EVEN, MAX_STEP_COST, StepCost, best_draft_length, draft_step_cost
-from bostudio.pairing.guardrails import GuardrailContext
-from bostudio.pairing.table import Candidate, PairingTable
+from bostudio.pairing.core.compat import CompatReport
+from bostudio.pairing.core.cost import MAX_BREAK_EVEN, MAX_STEP_COST, StepCost, best_draft_length, draft_step_cost
+from bostudio.pairing.core.guardrails import GuardrailContext
+from bostudio.pairing.core.table import Candidate, PairingTable
 from bostudio.speculation import (DRAFT_N_MAX, KIND_SPEC_TYPE, SpecRequest, Speculator, choose_speculator,
                                   ordered_spec_types)
 

@@ -9,6 +9,7 @@ import shutil
 import sys
 
 from bostudio.agents import AGENTS, BINARIES, PINNED
+from bostudio.cli.options import add_ctx
 
 LAUNCH_HELP = (
     "Run a coding agent (claude = Claude Code, codex = Codex CLI, opencode) against bostudio's daemon. It starts the "
@@ -23,8 +24,7 @@ LAUNCH_HELP = (
 
 
 def _options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ctx", type=int, default=None, metavar="N",
-                   help="context size (default: what the memory plan gives, as `bostudio plan MODEL` shows)")
+    add_ctx(p, "context size (default: what the memory plan gives, as `bostudio plan MODEL` shows)")
     p.add_argument("--max-output", type=int, default=None, metavar="N",
                    help="the output limit the agent asks for (default: an eighth of the context, at most 32768; the agent "
                         "compacts below the context less this)")
@@ -34,7 +34,7 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="with --print: print JSON")
 
 
-def add_launch_parser(sub) -> None:  # type: ignore[no-untyped-def]
+def add_parsers(sub) -> None:  # type: ignore[no-untyped-def]
     p = sub.add_parser("launch", help="run a coding agent (claude, codex, opencode) against the daemon",
                        description=LAUNCH_HELP)
     p.add_argument("agent", choices=AGENTS, metavar="AGENT", help="claude | codex | opencode")

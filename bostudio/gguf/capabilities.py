@@ -1,7 +1,8 @@
 """What a model can serve, read from its GGUF header before anything is launched: a chat/completion
 model, an embedding model or a reranker (`{arch}.pooling_type`), and whether it has the
 fill-in-the-middle tokens /infill needs. The router answers 400 for a route the model cannot serve
-instead of launching it; the launcher adds the flags an embedding or rerank model needs."""
+instead of launching it; the launch decision gives an embedding or rerank model the flags its kind needs
+(bostudio.engine.argv.kind_args)."""
 
 from __future__ import annotations
 
@@ -42,14 +43,6 @@ class ModelCaps:
     pooling: str | None  # llama.cpp pooling name from the header, None when absent
     fim: bool  # has FIM prefix, suffix and middle tokens
     template: TemplateChoice = TemplateChoice("gguf")  # the chat template it is served with (gguf/template.py)
-
-    def launch_args(self) -> tuple[str, ...]:
-        """llama-server flags this kind of model needs (embeddings are off by default)."""
-        if self.kind == "rerank":
-            return ("--reranking",)
-        if self.kind == "embedding":
-            return ("--embeddings",) + (("--pooling", self.pooling) if self.pooling not in (None, "none") else ())
-        return ()
 
     def tool_refusal(self, body: dict, model: str) -> RequestError | None:
         """Why `model` cannot take the tools of a request (HTTP 400), or None: tools are refused,

@@ -16,11 +16,11 @@ from bostudio.errors import BostudioError, ConfigError, GGUFFormatError
 from bostudio.gguf import ModelInfo, describe
 from bostudio.files import write_atomic
 from bostudio.hardware.device import Device, devices_from_engine
-from bostudio.pairing.compat import check_compatibility
-from bostudio.pairing.cost import draft_step_cost, speculator_memory_bytes
-from bostudio.pairing.guardrails import GuardrailContext, load_allowed, load_guardrails
-from bostudio.pairing.select import Considered, DraftFile, Selection, select
-from bostudio.pairing.table import PairingTable, load_pairings, parse_table, user_table_path
+from bostudio.pairing.core.compat import check_compatibility
+from bostudio.pairing.core.cost import draft_step_cost, speculator_memory_bytes
+from bostudio.pairing.core.guardrails import GuardrailContext, load_allowed, load_guardrails
+from bostudio.pairing.core.select import Considered, DraftFile, Selection, select
+from bostudio.pairing.core.table import PairingTable, load_pairings, parse_table, user_table_path
 from bostudio.profiles import find_profile
 from bostudio.speculation import DRAFT_N_MAX, SpecRequest
 

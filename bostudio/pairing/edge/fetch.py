@@ -21,12 +21,12 @@ from bostudio.engine.discover import Engine
 from bostudio.errors import BostudioError, ConfigError
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware.device import Device, devices_from_engine
-from bostudio.pairing.compat import check_compatibility
-from bostudio.pairing.cost import context_tokens_for
-from bostudio.pairing.pair import choose, hub_refs, local_hub_copies
-from bostudio.pairing.probe import ProbeResult, probe_tokenization
-from bostudio.pairing.select import Considered, DraftFile, Selection
-from bostudio.pairing.table import PairingTable, load_pairings
+from bostudio.pairing.core.compat import check_compatibility
+from bostudio.pairing.core.cost import context_tokens_for
+from bostudio.pairing.edge.pair import choose, hub_refs, local_hub_copies
+from bostudio.pairing.edge.probe import ProbeResult, probe_tokenization
+from bostudio.pairing.core.select import Considered, DraftFile, Selection
+from bostudio.pairing.core.table import PairingTable, load_pairings
 from bostudio.speculation import SpecRequest
 
 PULL_POLICIES = ("ask", "always", "never")

@@ -7,7 +7,7 @@ before launch and explains each mismatch: which token differs, by how much.
 
 Beyond llama.cpp: a different pre-tokenizer (`tokenizer.ggml.pre`) with identical token texts passes
 llama.cpp's check but splits text differently, so drafts are rejected more often. That is a warning here;
-`bostudio.pairing.probe` measures it by tokenizing a small corpus with both models.
+`bostudio.pairing.edge.probe` measures it by tokenizing a small corpus with both models.
 
 Pure except that token texts are read lazily from the two (local) files when the fingerprints differ.
 """

@@ -75,7 +75,7 @@ def tokenize_corpus(path: Path, corpus: tuple[str, ...] = PROBE_CORPUS) -> list[
 def probe_tokenization(target: Path, draft: Path, timeout: float = PROBE_TIMEOUT_S) -> ProbeResult:
     """Run the probe in a child interpreter; a failure becomes ProbeResult.error, never an exception."""
     try:
-        proc = subprocess.run([sys.executable, "-m", "bostudio.pairing.probe", str(target), str(draft)],
+        proc = subprocess.run([sys.executable, "-m", "bostudio.pairing.edge.probe", str(target), str(draft)],
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return ProbeResult(len(PROBE_CORPUS), 0, error=f"the tokenization probe took over {timeout:.0f} s")
