@@ -43,8 +43,8 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     # pairing/edge/: pair (local files, the engine's tools), probe (tokenizers), fetch (the hub)
     {"pairing edge": ("bostudio.pairing.edge",)},
     {"launch": ("bostudio.launch",)},
-    # the daemon's modules beside its two halves: its defaults, the pid/state file, what a model serves (from
-    # its header), which paths the control API may load
+    # the daemon's modules beside its two halves: its defaults, the pid/state file, which paths the control
+    # API may load
     {"daemon core": ("bostudio.daemon", "bostudio.daemon.state",
                      "bostudio.daemon.modelpaths")},
     # supervision of the children (lifecycle, effects, policy, stats, events) knows nothing of HTTP ...

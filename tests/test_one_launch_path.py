@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from bostudio.bench.runner import Bench, BenchConfig, bench_decision, resolve_config
 from bostudio.catalog.resolve import model_name
 from bostudio.cli import main
-from bostudio.daemon import plans
-from bostudio.daemon import supervisor as sv
-from bostudio.daemon.events import EventBus
+from bostudio.daemon.http import plans
+from bostudio.daemon.supervise import supervisor as sv
+from bostudio.daemon.supervise.events import EventBus
+from bostudio.daemon.supervise.instance import Instance, ModelConfig
+from bostudio.daemon.supervise.launching import decide_child
+from bostudio.daemon.supervise.lifecycle import READY, Life
+from bostudio.planner.fit import Use
 from bostudio.gguf import describe
 from bostudio.pairing.edge.pair import record_self_draft
 from bostudio.speculation import Speculator
@@ -47,9 +52,9 @@ def daemon_argvs(model: Path, engine) -> tuple[list[str], list[str]]:  # type: i
     sup = sv.Supervisor(sv.SupervisorOptions(prompt_reuse=False), EventBus())
     sup._engine = engine
     name = model_name(model)
-    sup.configs[name] = cfg = sv.ModelConfig(name, model, None, "auto")
+    sup.configs[name] = cfg = ModelConfig(name, model, None, "auto")
     # what Supervisor._launch_once decides for it, nothing else resident
-    load = sv.decide_child(describe(model), engine, cfg.spec, cfg.ctx, cfg.cache_type,
+    load = decide_child(describe(model), engine, cfg.spec, cfg.ctx, cfg.cache_type,
                            workload=cfg.resolved_workload(), devices=sup.planning_devices(engine, name),
                            children=1).argv(port=1234, alias=name)
     return load, plans.plan_for(sup, name)["argv"]
@@ -112,14 +117,16 @@ def test_the_plans_route_shows_the_threads_and_draft_length_the_load_runs(models
     sup = sv.Supervisor(sv.SupervisorOptions(prompt_reuse=False), EventBus())
     sup._engine = engine
     name = model_name(model)
-    sup.configs[name] = cfg = sv.ModelConfig(name, model, None, "auto", draft_len=3,
+    sup.configs[name] = cfg = ModelConfig(name, model, None, "auto", draft_len=3,
                                              draft_len_reason="acceptance 40% at 8")
-    other = sv.Instance(sv.ModelConfig("other", Path("/m/other.gguf"), None, "auto"), state=sv.READY)
-    other.plan = {"bytes": GIB, "uses": [{"device": "CPU", "component": "weights", "bytes": GIB}]}
+    other = Instance(ModelConfig("other", Path("/m/other.gguf"), None, "auto"), life=Life("other", state=READY))
+    # What planning_devices reads of a resident child's Decision: its total and its bytes per device.
+    chosen = SimpleNamespace(uses=[Use("CPU", "weights", GIB)])
+    other.decision = SimpleNamespace(bytes=GIB, plan=SimpleNamespace(chosen=chosen))  # type: ignore[assignment]
     sup.instances["other"] = other
     view = plans.plan_for(sup, name)["argv"]
     # what Supervisor._launch_once decides for it with `other` resident
-    load = sv.decide_child(describe(model), engine, cfg.spec, cfg.ctx, cfg.cache_type,
+    load = decide_child(describe(model), engine, cfg.spec, cfg.ctx, cfg.cache_type,
                            workload=cfg.resolved_workload(), devices=sup.planning_devices(engine, name),
                            children=2, draft_len=(3, cfg.draft_len_reason)).argv(port=1234, alias=name)
     assert comparable(view) == comparable(load)
