@@ -25,7 +25,7 @@ from tests.daemon_util import DaemonProc
 GEMMA = "gemma-3-270m-q4_k_m"
 MAX_OUTPUT = 200
 HANG_GUARD_S = 2400
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(2 * HANG_GUARD_S + 600)]
+pytestmark = [pytest.mark.engine, pytest.mark.agent_tasks, pytest.mark.timeout(2 * HANG_GUARD_S + 600)]
 
 
 def log_lines(tag: str, n: int) -> str:
