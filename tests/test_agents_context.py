@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_util import agent_env, launch_print
+from tests.agent_util import agent_env, launch_print, recording_daemon
 from tests.daemon_util import DaemonProc
 
 GEMMA = "gemma-3-270m-q4_k_m"
@@ -40,15 +40,7 @@ SECOND = f"Here is the log of my second build:\n{log_lines('beta', 560)}\nWhich 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, engine, gemma_gguf: Path):
-    root = tmp_path_factory.mktemp("context")
-    models = root / "models"
-    models.mkdir()
-    (models / gemma_gguf.name).symlink_to(gemma_gguf)
-    d = DaemonProc(root, models, ["--idle-ttl", "0", "--record", str(root / "record")]).start()
-    d.record = root / "record"  # type: ignore[attr-defined]
-    yield d
-    assert d.stop() == 0
-    assert not d.children()
+    yield from recording_daemon(tmp_path_factory.mktemp("context"), gemma_gguf)
 
 
 def messages_requests(record: Path) -> list[dict]:
