@@ -113,7 +113,9 @@ def run_up(opts: UpOptions, out=sys.stdout) -> int:
     log_path = paths.logs_dir() / f"up-{opts.port}.log"
     server = ServerProcess(argv, opts.port, log_path, host=opts.host)
 
-    previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # SIGINT too: a shell starts a background job with SIGINT ignored, and Python then installs no
+    # handler of its own, so `kill -INT` (or a supervisor's Ctrl-C) would not stop it.
+    previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         note(f"starting llama-server on {alias} (speculation: {speculator.label}; log: {log_path})")
         server.start()
@@ -152,4 +154,3 @@ def run_up(opts: UpOptions, out=sys.stdout) -> int:
         server.stop()
         for s, h in previous.items():
             signal.signal(s, h)
-        signal.signal(signal.SIGINT, signal.default_int_handler)

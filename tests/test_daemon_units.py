@@ -249,6 +249,20 @@ def test_stats_from_timings_and_metrics() -> None:
     assert "_decode_ms" not in s.to_json()
 
 
+def test_a_request_ending_after_a_scrape_keeps_the_metrics_rate() -> None:
+    """Once /metrics gave the rate, a request whose timings land before the next scrape leaves it alone:
+    the rate must not flip between the sum of timings and the child's own count."""
+    s = InstanceStats()
+    s.add_timings({"predicted_n": 4, "predicted_ms": 40.0, "draft_n": 4, "draft_n_accepted": 4})
+    assert s.acceptance_rate == 1.0
+    s.add_metrics({"spec_decode_num_draft_tokens_total": 10.0, "spec_decode_num_accepted_tokens_total": 8.0,
+                   "spec_decode_num_drafts_total": 4.0})
+    assert s.acceptance_rate == pytest.approx(0.8)
+    s.add_timings({"predicted_n": 4, "predicted_ms": 40.0, "draft_n": 4, "draft_n_accepted": 2})
+    assert s.acceptance_rate == pytest.approx(0.8)
+    assert (s.draft_tokens, s.draft_accepted) == (8, 6)  # the per-request sums still count
+
+
 def test_timings_found_in_the_last_sse_event() -> None:
     chunk = (b'data: {"choices":[{"delta":{}}]}\n\n'
              b'data: {"choices":[],"timings":{"predicted_n":3}}\n\ndata: [DONE]\n\n')

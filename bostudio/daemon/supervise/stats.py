@@ -47,6 +47,7 @@ class InstanceStats:
     long_prefill_tok_s: float | None = None  # the rate of the last prompt of MIN_RATE_PROMPT tokens or more
     _decode_ms: float = 0.0
     _decode_n: int = 0
+    _rate_from_metrics: bool = False  # the child's /metrics counts every draft: it wins over the sum of timings
 
     def add_timings(self, t: dict) -> None:
         n = int(t.get("predicted_n") or 0)
@@ -69,7 +70,7 @@ class InstanceStats:
             self.decode_tok_s_avg = 1000.0 * self._decode_n / self._decode_ms
         self.draft_tokens += int(t.get("draft_n") or 0)
         self.draft_accepted += int(t.get("draft_n_accepted") or 0)
-        if self.draft_tokens:
+        if self.draft_tokens and not self._rate_from_metrics:
             self.acceptance_rate = self.draft_accepted / self.draft_tokens
 
     def add_metrics(self, m: dict[str, float]) -> None:
@@ -79,6 +80,7 @@ class InstanceStats:
         drafted = m.get("spec_decode_num_draft_tokens_total", 0.0)
         if drafted > 0:
             self.acceptance_rate = m.get("spec_decode_num_accepted_tokens_total", 0.0) / drafted
+            self._rate_from_metrics = True
 
     def to_json(self) -> dict:
         return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
