@@ -3,7 +3,7 @@
 Starts two llama-servers with the same threads (the target alone, the draft alone) and measures, interleaved
 three times: a decode step of each, and the target's batch of k new tokens after a cached prefix (what
 verifying k-1 drafted tokens costs). Prints each in target decode steps, and the round cost the pairing
-model (bostudio.pairing.cost.StepCost.round_cost) predicts from them, beside its own estimate.
+model (bostudio.pairing.core.cost.StepCost.round_cost) predicts from them, beside its own estimate.
 
 Run: .venv/bin/python -m benchmarks.bench_draft_round TARGET.gguf DRAFT.gguf [--threads 1]
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bostudio.engine.discover import find_engine
 from bostudio.gguf import describe
-from bostudio.pairing.cost import draft_step_cost
+from bostudio.pairing.core.cost import draft_step_cost
 from bostudio.runtime.net import free_loopback_port
 
 BATCHES = (1, 2, 4, 9, 17)
@@ -74,7 +74,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     server = find_engine(None).path
-    text = (Path(__file__).resolve().parents[1] / "bostudio" / "pairing" / "compat.py").read_text()[:1200]
+    text = (Path(__file__).resolve().parents[1] / "bostudio" / "pairing" / "core" / "compat.py").read_text()[:1200]
     (tp, tproc), (dp, dproc) = _start(server, args.target, args.threads), _start(server, args.draft, args.threads)
     try:
         tokens = _post(tp, "/tokenize", {"content": text})["tokens"][:256]

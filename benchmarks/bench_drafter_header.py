@@ -38,7 +38,7 @@ def main() -> int:
 
             huggingface_hub.constants.ENDPOINT = hub.url
             from bostudio.gguf import describe
-            from bostudio.pairing.fetch import remote_drafters
+            from bostudio.pairing.edge.fetch import remote_drafters
 
             target = describe(tiny_llama(tmp / "Qwen3.6-35B-A3B-Q4_K_M.gguf", n_layer=8))
             files, _, _ = remote_drafters(target, {REF: ""}, "always")

@@ -27,7 +27,7 @@ from bostudio.runtime.net import free_loopback_port
 from bostudio.runtime.process import ServerProcess
 from bostudio.catalog.resolve import resolve_model
 from bostudio.engine.discover import find_engine
-from bostudio.pairing.pair import make_self_draft
+from bostudio.pairing.edge.pair import make_self_draft
 from bostudio.up import Prepared, UpOptions, prepare_launch
 
 CODE = (

@@ -36,7 +36,7 @@ from bostudio.runtime.net import free_loopback_port
 ROOT = Path(__file__).resolve().parent.parent
 AGENT_BIN = ROOT / ".agents" / "node_modules" / ".bin"
 QUESTIONS = [
-    "Read bostudio/daemon/record.py and tell me in two sentences what it does.",
+    "Read bostudio/daemon/http/record.py and tell me in two sentences what it does.",
     "Now grep for start_recording and tell me where it is called.",
     "Which headers does the Recorder leave out, and why?",
     "Read bostudio/bench/sessions.py and say how a recorded session is replayed.",
@@ -44,7 +44,7 @@ QUESTIONS = [
     "Write that test as a pytest function.",
     "What would break if two daemons recorded into the same directory?",
     "Summarise what we discussed in three bullet points.",
-    "Read bostudio/daemon/limits.py and list the limits it enforces.",
+    "Read bostudio/daemon/http/limits.py and list the limits it enforces.",
     "Which of those limits would a slow client hit first?",
     "Grep for BodyLimits and say where it is built.",
     "Summarise the whole conversation in one paragraph.",

@@ -29,26 +29,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_util import agent_env, launch_print
+from tests.agent_util import agent_env, launch_print, recording_daemon
 from tests.daemon_util import DaemonProc
 
 HANG_GUARD_S = 2400
-pytestmark = [pytest.mark.engine, pytest.mark.agent_tasks]
+pytestmark = [pytest.mark.engine, pytest.mark.agent_tasks, pytest.mark.timeout(2 * HANG_GUARD_S)]
 
 HELLO = "Create a file hello.py that prints hello, then run it with python3."
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, engine, qwen_gguf: Path):
-    root = tmp_path_factory.mktemp("tasks")
-    models = root / "models"
-    models.mkdir()
-    (models / qwen_gguf.name).symlink_to(qwen_gguf)
-    d = DaemonProc(root, models, ["--idle-ttl", "0", "--record", str(root / "record")]).start()
-    d.record = root / "record"  # type: ignore[attr-defined]
-    yield d
-    assert d.stop() == 0
-    assert not d.children()
+    yield from recording_daemon(tmp_path_factory.mktemp("tasks"), qwen_gguf)
 
 
 def run_task(daemon: DaemonProc, agent: str, model: str, argv: list[str], work: Path,

@@ -11,8 +11,8 @@ import pytest
 
 from bostudio.agents import (CLAUDE_OWN_PROMPT, LOCAL_TIMEOUT_MS, AgentTarget, claude_compacts_at, compaction_notes,
                              configure, max_output_for)
-from bostudio.daemon.capabilities import ModelCaps
-from bostudio.daemon.normalise import normalise, strip_billing_header
+from bostudio.gguf.capabilities import ModelCaps
+from bostudio.daemon.http.normalise import normalise, strip_billing_header
 from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.gguf.template import TEMPLATES_DIR, choose_template
 
@@ -219,7 +219,7 @@ def test_the_agents_setup_installs_the_pinned_versions() -> None:
 ])
 def test_launch_passes_the_agents_arguments_verbatim(argv, model, ctx, print_only, agent_args) -> None:
     from bostudio.cli import build_parser, parse_args
-    from bostudio.cli_launch import split_rest
+    from bostudio.cli.launch import split_rest
 
     args = parse_args(build_parser(), argv)
     got_model, got_args = split_rest(args)

@@ -123,6 +123,7 @@ def test_bench_tune_goal_runs(engine, gemma_gguf: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.engine
+@pytest.mark.agent_tasks  # minutes of agent prefill: opt-in with the agent runs
 def test_bench_agent_goal_runs(engine, gemma_gguf: Path, tmp_path: Path) -> None:
     out = run("bench_agent_goal", str(gemma_gguf), "--out", str(tmp_path / "out"), "--quick", "--skip-tune",
               "--skip-threads", "--spec", "ngram-mod")
@@ -130,6 +131,7 @@ def test_bench_agent_goal_runs(engine, gemma_gguf: Path, tmp_path: Path) -> None
 
 
 @pytest.mark.engine
+@pytest.mark.agent_tasks  # minutes of agent prefill: opt-in with the agent runs
 def test_record_agent_session_runs(engine, gemma_gguf: Path, tmp_path: Path) -> None:
     """The one slow run: Claude Code's first request is its ~12k-token system prompt and tools, prefilled once
     (about a minute on a quiet 2-core CPU, 5.5 min on a loaded one). The base model's answer may end Claude

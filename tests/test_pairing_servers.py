@@ -13,8 +13,8 @@ import pytest
 
 from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.gguf import describe
-from bostudio.pairing.pair import choose, make_self_draft, record_self_draft
-from bostudio.pairing.table import user_table_path
+from bostudio.pairing.edge.pair import choose, make_self_draft, record_self_draft
+from bostudio.pairing.core.table import user_table_path
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import ServerProcess
 from bostudio.speculation import SpecRequest, Speculator

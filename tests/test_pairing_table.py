@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bostudio.gguf.synth import tiny_llama
-from bostudio.pairing.table import (PairingTableError, load_pairings, load_table_file, shipped_table_path,
+from bostudio.pairing.core.table import (PairingTableError, load_pairings, load_table_file, shipped_table_path,
                                     user_table_path)
 
 DATA = Path(__file__).parent / "data" / "pairings"

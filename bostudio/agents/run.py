@@ -31,7 +31,7 @@ def prepare(agent: str, model: str | None, ctx: int | None = None, host: str = "
     """Daemon up, model loaded, the agent's configuration; returns it and the instance."""
     from bostudio.daemon import DEFAULT_PORT
     from bostudio.daemon.client import DaemonClient
-    from bostudio.daemon.security import read_token
+    from bostudio.daemon.http.security import read_token
     from bostudio.daemon.service import DaemonOptions, start_background
 
     model = model or DEFAULT_MODEL

@@ -118,10 +118,10 @@ def run_agent_bench(opts: BenchOptions, progress: Callable[[int, int, str], None
     for s in sessions:
         for skipped in s.skipped:
             note(f"{s.name}: not replayed (not a generation): {skipped}")
-    # A session's passes must each start cold: -cram 0 (no host prompt cache: only the slot's own cache carries a
-    # prefix from turn to turn), and the slots are erased before each pass (which needs --slot-save-path).
+    # A session's passes must each start cold: no host prompt cache (only the slot's own cache carries a prefix
+    # from turn to turn), and the slots are erased before each pass (which needs a slot directory).
     with tempfile.TemporaryDirectory(prefix="bostudio-bench-slots-") as slots, CompetingLoad(opts.load) as load, \
-            Bench(info, engine, configs, ctx, note, ("-cram", "0", "--slot-save-path", slots)) as bench:
+            Bench(info, engine, configs, ctx, note, Path(slots)) as bench:
         turns, passes = agent.run_sessions(bench, sessions, tokens, load if opts.load else None, progress)
         argv = {c.label: bench.argv(c, 0)[1:] for c in configs}
         threads = bench.threads

@@ -184,13 +184,13 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
         if off_totals["wall_s"] > 0:
             shares.append(off_totals["decode_s"] / off_totals["wall_s"])
     with tempfile.TemporaryDirectory(prefix="bostudio-tune-slots-") as slots:
-        args = ("-cram", "0", "--slot-save-path", slots)
+        cold = Path(slots)  # cold passes: no host prompt cache, slots erased between passes (Bench)
         alive = pool
         decision = bench_decision(info, engine, ctx)  # every pass's servers share it (Bench)
         screen = screened(pool)[:max(0, servers_that_fit(decision.plan) - 1)]
         if len(screen) > 1:
             rounds, served = 1, 1
-            est = _screen(info, engine, off, screen, first, ctx, args, decision, n_tokens, started, budget_s,
+            est = _screen(info, engine, off, screen, first, ctx, cold, decision, n_tokens, started, budget_s,
                           progress, record)
             costs.append(est)
             alive = after_screen(pool, screen)
@@ -223,7 +223,7 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
                 # Off and the candidate on fresh servers for every pass (run_sessions restarts them), so that
                 # no one server's own speed is under every candidate's ratio, and in either start order.
                 cand = BenchConfig(t.candidate.label, t.candidate.speculator)
-                with Bench(info, engine, pair_order(off, cand, len(t.samples)), ctx, progress, args,
+                with Bench(info, engine, pair_order(off, cand, len(t.samples)), ctx, progress, cold,
                            decision) as pair:
                     turns, _ = agent.run_sessions(pair, sessions, n_tokens, None, _turns(progress))
                 for s in sessions:
@@ -254,7 +254,7 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
     return TuneResult(profile, path, tuple(pool), baseline, rounds, time.monotonic() - started)
 
 
-def _screen(info, engine, off, screen: list[Tally], session, ctx: int, args: tuple[str, ...],  # type: ignore[no-untyped-def]
+def _screen(info, engine, off, screen: list[Tally], session, ctx: int, cold: Path,  # type: ignore[no-untyped-def]
             decision, n_tokens: int, started: float, budget_s: float, progress: Callable[[str], None],
             record: Callable[[Tally, list], None]) -> float:  # type: ignore[type-arg]
     """The screen (module docstring): off and every screened type in one pass of `session`, as many turns as
@@ -273,7 +273,7 @@ def _screen(info, engine, off, screen: list[Tally], session, ctx: int, args: tup
 
     progress(f"round 1 (screen): off and {len(screen)} n-gram types in one pass of the session, turn by turn, "
              f"while the budget keeps room to confirm the leader on whole sessions")
-    with Bench(info, engine, configs, ctx, progress, args, decision) as bench:
+    with Bench(info, engine, configs, ctx, progress, cold, decision) as bench:
         results, _ = agent.run_sessions(bench, [session], n_tokens, None, _turns(progress), more)
         end = time.monotonic()
     done = max((r.turn for r in results), default=0)

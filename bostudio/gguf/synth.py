@@ -102,6 +102,16 @@ def tiny_llama(path: Path, n_layer: int = 2, chat_template: str | None = None,
                        split_max_tensors=split_max_tensors)
 
 
+def tiny_embedder(path: Path, pooling: int = 1) -> Path:
+    """A tiny BERT-style header: an encoder with a pooling type (1 = mean, 2 = cls, 4 = rank)."""
+    tensors: dict = {"token_embd.weight": (64, len(VOCAB)), "output_norm.weight": (64,)}
+    tensors.update(dense_layers(2, 64, 4, 4, 16, 128))
+    kv = {".context_length": 512, ".embedding_length": 64, ".block_count": 2, ".feed_forward_length": 128,
+          ".attention.head_count": 4, ".attention.layer_norm_epsilon": 1e-12, ".pooling_type": pooling,
+          ".attention.causal": False, "general.name": "tiny embedder", "general.file_type": 0}
+    return write_model(path, "bert", kv, tensors)
+
+
 def successor_weights(n_vocab: int, n_embd: int, first: int = 3) -> tuple[np.ndarray, np.ndarray]:
     """(token_embd, output) values for a model that, with every block's output at zero, predicts
     next(t) = the token after t in the cycle first..n_vocab-1 (never BOS/EOS): one-hot embeddings,
