@@ -133,6 +133,18 @@ def named_tool_choice(path: str, body: dict) -> dict | None:
     return dict(body, tools=tools, tool_choice="required")
 
 
+def typed_assistant_inputs(path: str, body: dict) -> dict | None:
+    """A Responses `input` whose assistant turns are easy input messages (`{"role": "assistant", "content":
+    ...}`, no `type`, as the OpenAI API accepts and its clients send) with `"type": "message"`: llama-server
+    reads an assistant turn only with it (tools/server/server-chat.cpp, "Cannot determine type of 'item'")."""
+    items = body.get("input")
+    if path != "/v1/responses" or not isinstance(items, list):
+        return None
+    fixed = [dict(it, type="message") if isinstance(it, dict) and it.get("role") == "assistant" and "type" not in it
+             else it for it in items]
+    return dict(body, input=fixed) if fixed != items else None
+
+
 def normalise(path: str, body: dict, call_prefill: str = "", output_limit: int = 0) -> dict | None:
     """The body to forward instead of the client's, or None to forward it unchanged."""
     out = body
@@ -140,6 +152,9 @@ def normalise(path: str, body: dict, call_prefill: str = "", output_limit: int =
     limited = default_output_limit(path, out, output_limit)
     if limited is not None:
         out, changed = limited, True
+    typed = typed_assistant_inputs(path, out)
+    if typed is not None:
+        out, changed = typed, True
     named = named_tool_choice(path, out)
     if named is not None:
         out, changed = named, True
@@ -153,4 +168,4 @@ def normalise(path: str, body: dict, call_prefill: str = "", output_limit: int =
     return out if changed else None
 
 
-__all__ = ["normalise", "default_output_limit", "OUTPUT_FIELD", "named_tool_choice", "strip_billing_header", "prefill_forced_call", "forces_tool_call", "BILLING_PREFIX"]
+__all__ = ["normalise", "typed_assistant_inputs", "default_output_limit", "OUTPUT_FIELD", "named_tool_choice", "strip_billing_header", "prefill_forced_call", "forces_tool_call", "BILLING_PREFIX"]
