@@ -28,7 +28,8 @@ def _daemon_options(args: argparse.Namespace):
                             max_body=int(args.max_body_mib * (1 << 20)),
                             pull="never" if pull == "ask" else pull,
                             workers=select_workers(args.rpc, workers_from_config()),
-                            allow_any_model_path=args.allow_any_model_path)
+                            allow_any_model_path=args.allow_any_model_path,
+                            context_overflow=args.context_overflow)
     limits = HttpLimits(header_timeout=args.header_timeout, keepalive_timeout=args.keepalive_timeout,
                         body_timeout=args.body_timeout, max_connections=args.max_connections,
                         max_header_bytes=int(args.max_header_kib * 1024), max_headers=args.max_headers)
@@ -47,7 +48,7 @@ def _daemon_args(args: argparse.Namespace) -> list[str]:
            "--max-body-mib", str(args.max_body_mib), "--header-timeout", str(args.header_timeout),
            "--keepalive-timeout", str(args.keepalive_timeout), "--body-timeout", str(args.body_timeout),
            "--max-connections", str(args.max_connections), "--max-header-kib", str(args.max_header_kib),
-           "--max-headers", str(args.max_headers)]
+           "--max-headers", str(args.max_headers), "--context-overflow", args.context_overflow]
     out += ["--allow-any-model-path"] if args.allow_any_model_path else []
     out += ["--no-prompt-reuse"] if args.no_prompt_reuse else []
     out += ["--prompt-store-dir", args.prompt_store_dir] if args.prompt_store_dir else []
@@ -194,6 +195,9 @@ def _print_ps(rows: list[dict]) -> int:
             print(f"  {escape_terminal(prefill_line(p))}")
         if r.get("chat_template", {}).get("is_fallback"):  # the model runs bostudio's fallback template: say so
             print(f"  chat template: {r['chat_template']['label']}")
+        if st.get("context_trims"):
+            print(f"  requests over the context, sent with earlier turns shortened: {st['context_trims']} "
+                  "(--context-overflow)")
         if st.get("tool_calls_rescued"):
             print(f"  tool calls written as text and sent as calls: {st['tool_calls_rescued']} "
                   f"(of {st['requests']} requests)")
@@ -281,6 +285,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     common.add_argument("--failed-cooldown", type=float, default=60, metavar="S",
                         help="retry a failed model on the next request after S seconds (default 60; 0: only "
                              "on an explicit restart); `bostudio ps` says when")
+    common.add_argument("--context-overflow", choices=("trim", "refuse"), default="trim",
+                        help="a conversation longer than the model's context: `trim` elides the middle of its "
+                             "longest earlier texts until it fits, leaving a marker (default; the agent's own "
+                             "transcript is untouched); `refuse` answers 400 with the numbers")
     common.add_argument("--max-body-mib", type=float, default=64, metavar="MIB",
                         help="refuse model-route request bodies larger than this with 413 (default 64; "
                              "control-API bodies: 1 MiB)")

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from bostudio.gguf.capabilities import GENERATE, model_caps
-from bostudio.daemon.http import record, toolrescue
+from bostudio.daemon.http import overflow, record, toolrescue
 from bostudio.daemon.http.fields import filter_body
 from bostudio.daemon.http.guard import check_request
 from bostudio.daemon.http.normalise import normalise
@@ -250,13 +250,13 @@ class Router:
             tokens = 0
             active = False
             try:
-                tokens = await self.reserve(inst, path, raw, body, api)
+                tokens, sent = await self.reserve(inst, path, raw, body, api)
                 inst.active += 1
                 active = True
                 inst.stats.requests += 1
                 if inst.http is None or inst.port is None:
                     raise ChildError("instance is not ready", kind=CONNECT)
-                upstream = await passthrough.post("127.0.0.1", inst.port, path, raw, inst.api_key)
+                upstream = await passthrough.post("127.0.0.1", inst.port, path, sent, inst.api_key)
                 self._held[id(upstream)] = (inst, tokens, launch)
                 return inst, upstream
             except ChildError as exc:
@@ -306,21 +306,25 @@ class Router:
         if died:
             inst.died_with[launch] = inst.died_with.get(launch, 0) + 1
 
-    async def reserve(self, inst: Instance, path: str, raw: bytes, body: dict | None, api: str) -> int:
+    async def reserve(self, inst: Instance, path: str, raw: bytes, body: dict | None,
+                      api: str) -> tuple[int, bytes]:
         """Room in `inst`'s KV pool for a request to `path`: the tokens reserved (0 for a route that
-        generates nothing, or a prompt the child could not count). Raises Reject (400: can never fit;
-        503: waited too long)."""
+        generates nothing, or a prompt the child could not count), and the body to send (shortened to fit
+        the context, under `--context-overflow trim`). Raises Reject (400: can never fit; 503: waited too
+        long)."""
         layout = inst.layout
         if layout is None or inst.http is None or path not in GENERATING:
-            return 0
+            return 0, raw
         if body is None:
             try:
                 body = json.loads(raw)
             except ValueError:
-                return 0
+                return 0, raw
         prompt = await admission.count_prompt(inst.http, path, raw, body)
         if prompt is None:
-            return 0
+            return 0, raw
+        if prompt >= layout.slot_ctx and self.sup.opts.context_overflow == "trim" and isinstance(body, dict):
+            raw, body, prompt = await self._fit(inst, path, raw, body, prompt, layout.slot_ctx)
         if prompt >= layout.slot_ctx:
             n_train = inst.n_ctx_train or None
             raise Reject(error_response(admission.too_long(inst.name, prompt, layout.slot_ctx, n_train), api))
@@ -333,7 +337,33 @@ class Router:
                                              f"output) waited {self.queue_timeout:g} s", "unavailable_error",
                                    "send it again later, or set a smaller max_tokens so requests can share the pool"))
         inst.prefill.expect(prompt, time.monotonic())  # the total of its prompt progress (daemon/supervise/prefill.py)
-        return tokens
+        return tokens, raw
+
+    async def _fit(self, inst: Instance, path: str, raw: bytes, body: dict, prompt: int,
+                   ctx: int) -> tuple[bytes, dict, int]:
+        """The request shortened until its prompt leaves room for its answer in the context (overflow.py),
+        counted by the child each time; the request as it was when nothing can be cut or no cut fits."""
+        assert inst.http is not None
+        target = ctx - min(admission.output_budget(body) or ctx // 4, ctx // 4) - admission.DRAFT_ROOM
+        per_token = len(raw) / max(prompt, 1)  # JSON and tool schemas included: errs toward cutting more
+        last = 0
+        for attempt in range(4):
+            need = int((prompt - target) * per_token * (1.0 + 0.5 * attempt)) + 1
+            cut_body, cut = overflow.elide(path, body, need, ctx)
+            if cut == 0 or cut == last:  # nothing (more) to cut
+                break
+            last = cut
+            cut_raw = json.dumps(cut_body, ensure_ascii=False).encode()
+            counted = await admission.count_prompt(inst.http, path, cut_raw, cut_body)
+            if counted is None:
+                break
+            if counted <= target:
+                inst.stats.context_trims += 1
+                log.info("%s: %s was %d tokens, over the context of %d: %d characters elided from the middle of "
+                         "earlier turns, now %d tokens (%d trimmed so far; --context-overflow refuse keeps them "
+                         "whole)", inst.name, path, prompt, ctx, cut, counted, inst.stats.context_trims)
+                return cut_raw, cut_body, counted
+        return raw, body, prompt
 
     def release(self, inst: Instance, upstream: passthrough.UpstreamResponse | None = None) -> None:
         inst.active -= 1

@@ -62,6 +62,7 @@ class SupervisorOptions:
     pull: str = "never"  # hub drafters: always | never (no one answers an `ask` in a daemon)
     workers: tuple[Worker, ...] = ()  # RPC workers (--rpc or config.toml [[rpc]]) every child may use
     allow_any_model_path: bool = False  # the control API may load GGUFs outside the catalog's directories
+    context_overflow: str = "trim"  # a prompt over the context: trim earlier turns' middles | refuse (400)
 
 
 def _same_file(a: Path, b: Path) -> bool:
