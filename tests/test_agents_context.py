@@ -6,8 +6,8 @@ body the daemon reads recorded.
 What crosses the context is the user's own input, not what the model chooses to do, so the verdict does not
 depend on which token a small Q4 model picks: one session pastes a long log and asks a question; a second
 session (the same conversation continued) pastes another log that, with the history, no longer fits the
-context. The CLI compacts the conversation (it sends a summary request); the second question reaches the model
-with the second log whole, in a request that fits (the CLI's compaction dropped the first log, or the daemon
+context. The CLI compacts the conversation (it sends a summary request) or the daemon elides; the second
+question reaches the model with the second log whole, in a request that fits (the CLI's compaction dropped the first log, or the daemon
 elided its middle); the daemon fails no request and no session ends in an API error. The base model's words
 are not asserted, only what reached the daemon and how the CLI ended.
 
@@ -50,8 +50,8 @@ def second(n: int) -> str:
 # Claude Code (~12k own prompt) compacts before the second session's request: it is past its compaction point
 # (launch --print says where). Codex (~5-8k own) compacts past its auto-compact limit, but keeps the user's
 # own messages whole through it (up to ~20k tokens of them), so its next request overflows: the daemon elides
-# the middle of the first log (--context-overflow trim). opencode (~10k own) compacts when a request
-# overflows, and its summary request carries the whole conversation: the daemon shortens that one.
+# the middle of the first log (--context-overflow trim). opencode (~10k own) compacts only when a reply's
+# usage is past its window: the daemon shortens its second request, so it never sees an overflow.
 AGENTS = {
     "claude": (lambda text: ["-p", text, "--output-format", "json"],
                lambda text: ["-p", text, "--continue", "--output-format", "json"], 420, 560),
@@ -125,11 +125,16 @@ def test_a_conversation_that_outgrows_the_context_is_compacted_not_refused(
     talks = conversations(daemon.record)[seen:]  # type: ignore[attr-defined]
     first_log, second_log = f"[alpha {n_first - 1:04d}]", f"[beta {n_second - 1:04d}]"
     summary = [i for i, t in enumerate(talks) if "summar" in last_turn(t).lower() and first_log in t]
-    assert summary, f"{agent} never asked for a summary of the conversation: last turns {[last_turn(t)[:200] for t in talks]}"
-    # The second question reached the model after the compaction, with the second log (a last turn is never
-    # cut); the first log is gone from it, or the daemon elided its middle: with both whole it cannot fit.
-    after = [t for t in talks[summary[0] + 1:] if "Which build was longer?" in t]
-    assert after, f"{agent}: the second question never reached the model after the compaction"
+    # Either the CLI compacted (a summary request), or the daemon elided: opencode compacts only once a reply's
+    # usage is past its window, and the first session's fits, so its second request carries both logs whole
+    # and the daemon shortens it (measured: three requests, no summary, no error).
+    trimmed = stats["context_trims"] > trims
+    assert summary or trimmed, \
+        f"{agent} neither compacted nor was trimmed: last turns {[last_turn(t)[:200] for t in talks]}"
+    # The second question reached the model (after the compaction, if any) with the second log (a last turn is
+    # never cut); the first log is gone from it, or the daemon elided its middle: with both whole it cannot fit.
+    after = [t for t in talks[summary[0] + 1 if summary else 0:] if "Which build was longer?" in t]
+    assert after, f"{agent}: the second question never reached the model"
     assert second_log in after[-1], "the second log was lost"
     assert first_log not in after[-1] or stats["context_trims"] > trims, \
         "the first log is still in the conversation, and the daemon did not shorten it"
