@@ -8,8 +8,8 @@ depend on which token a small Q4 model picks: one session pastes a long log and 
 session (the same conversation continued) pastes another log that, with the history, no longer fits the
 context. The CLI compacts the conversation (it sends a summary request) or the daemon elides; the second
 question reaches the model with the second log whole, in a request that fits (the CLI's compaction dropped
-the first log, or the daemon elided its middle); the daemon fails no request and no session ends in an API error. The base model's words
-are not asserted, only what reached the daemon and how the CLI ended.
+the first log, or the daemon elided its middle); the daemon fails no request and no session ends in an API
+error. The base model's words are not asserted, only what reached the daemon and how the CLI ended.
 
 Slow: each agent sends three or more long prompts (20-30k tokens) on one thread: minutes each on a quiet
 2-core CPU (Gemma prefills ~56 tok/s there); the hang guard is 40 min a session."""
