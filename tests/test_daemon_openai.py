@@ -207,7 +207,7 @@ def test_stats_logs_and_events(daemon: DaemonProc) -> None:
         snap = json.loads(first[5:])
         assert snap["type"] == "snapshot"
         assert {i["model"]: i["state"] for i in snap["instances"]} == {GEMMA: "ready", SMOL: "ready"}
-        spec = http.get(f"/openapi.json").json()
+        spec = http.get("/openapi.json").json()
         assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/bostudio/events",
                 "/bostudio/instances/{model}/speculation"} <= set(spec["paths"])
 

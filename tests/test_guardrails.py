@@ -3,10 +3,7 @@ the pairing choice passes over or refuses what a rule forbids, `pair` explains i
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from bostudio.bench import agent, measure
 from bostudio.bench.load import CompetingLoad
