@@ -44,7 +44,8 @@ def cmd_engine_list(args: argparse.Namespace) -> int:
         return 1
     for e in engines:
         mark = "*" if e is chosen else " "
-        devs = ", ".join(f"{d.name} ({d.total_mib} MiB)" for d in e.devices) or "CPU only"
+        devs = ", ".join(f"{d.name} ({d.total_mib} MiB{', software' if d.software else ''})"
+                         for d in e.devices) or "CPU only"
         print(f"{mark} {e.path}")
         print(f"    source: {e.source}  version: {e.version} (build {e.build}, commit {e.commit})")
         print(f"    backends: {', '.join(e.backends) or 'unknown'}  devices: {devs}")
@@ -54,6 +55,8 @@ def cmd_engine_list(args: argparse.Namespace) -> int:
         print(f"    RPC workers: {rpc}")
         if e.problem:
             print(f"    unusable: {e.problem}")
+        for note in e.notes():
+            print(f"    note: {note}")
     print("* = the engine bostudio uses on this machine")
     return 0
 
@@ -182,7 +185,8 @@ def _local_devices(engine_path: str | None):  # type: ignore[no-untyped-def]
         problems.append(f"engine: {engine.path}: {engine.problem}")
         engine = None
     result = discover_devices(engine_devices=engine.devices if engine else None)
-    return result.devices, tuple(problems) + result.problems, engine
+    notes = tuple(f"engine: {n}" for n in engine.notes()) if engine else ()
+    return result.devices, tuple(problems) + result.problems + notes, engine
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
@@ -203,7 +207,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
               + (f"  (worker {d.endpoint}" + (f", budget {_size(d.budget_bytes).strip()})" if d.budget_bytes
                                                else ")") if d.endpoint else ""))
         print(f"           total {_size(d.total_bytes).strip()}, free {free}, "
-              f"{'unified' if d.unified else 'dedicated'}, driver {d.driver or 'unknown'}, "
+              f"{'software, ' if d.software else ''}{'unified' if d.unified else 'dedicated'}, driver {d.driver or 'unknown'}, "
               f"bandwidth {bw}  (from {d.source})")
     for p in problems:
         print(f"note: {p}")

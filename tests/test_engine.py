@@ -103,6 +103,25 @@ def test_choose_prefers_gpu_then_explicit() -> None:
     assert choose_engine([cpu_built, cpu_env, gpu_path, broken]) is gpu_path
 
 
+def test_a_software_device_counts_as_no_gpu_when_choosing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Vulkan build that sees only lavapipe (GGML_VK_VISIBLE_DEVICES=0) or nothing never displaces the CPU
+    build: it runs where it is named (--engine, LLAMA_SERVER). One that sees a real GPU is chosen."""
+    spec = frozenset({"--spec-type", "--rpc"})
+    cpu = Engine(Path("/cpu"), "built", backends=("cpu", "rpc"), flags=spec)
+    lavapipe = EngineDevice("Vulkan0", "llvmpipe (LLVM 15.0.6, 256 bits)", 7940, 7940, "vulkan")
+    vk_soft = Engine(Path("/vk"), "built", backends=("cpu", "rpc", "vulkan"), devices=(lavapipe,), flags=spec)
+    vk_none = Engine(Path("/vk2"), "built", backends=("cpu", "rpc", "vulkan"), flags=spec)
+    radv = EngineDevice("Vulkan0", "AMD Radeon RX 7900 XTX (RADV NAVI31)", 24560, 23512, "vulkan")
+    vk_gpu = Engine(Path("/vk3"), "built", backends=("cpu", "rpc", "vulkan"), devices=(radv,), flags=spec)
+    assert lavapipe.software and not radv.software
+    for order in ([vk_soft, vk_none, cpu], [cpu, vk_soft, vk_none]):
+        assert choose_engine(order) is cpu
+    assert choose_engine([cpu, vk_soft, vk_gpu]) is vk_gpu
+    monkeypatch.delenv("GGML_VK_VISIBLE_DEVICES", raising=False)
+    assert any("GGML_VK_VISIBLE_DEVICES" in n for n in vk_none.notes())
+    assert any("software device" in n for n in vk_soft.notes()) and vk_gpu.notes() == ()
+
+
 def test_second_build_returns_the_cached_engine_without_compiling(engine: Engine, monkeypatch) -> None:
     def no_build(*args: object, **kwargs: object) -> None:
         raise AssertionError(f"a cached engine was built again: {args[0] if args else kwargs}")
