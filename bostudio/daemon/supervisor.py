@@ -915,6 +915,10 @@ class Supervisor:
                                     busy=i.active > 0 or i.state != READY)
                     for i in self.instances.values() if i is not inst and i.state in RESIDENT_STATES]
         victims = policy.choose_evictions(resident, need, self.budget())
+        if victims is not None:  # each offload device must hold what lands on it too
+            by_device = await asyncio.to_thread(self._device_room, inst)
+            more = policy.choose_device_evictions([r for r in resident if r.name not in victims], *by_device)
+            victims = None if more is None else victims + more
         if victims is None:
             raise OutOfMemoryError(f"{inst.name} needs {need / policy.MIB:.0f} MiB and does not fit the memory "
                                    f"budget of {self.budget() / policy.MIB:.0f} MiB next to the busy models",
@@ -923,6 +927,21 @@ class Supervisor:
         for name in victims:
             self.bus.publish("evict", model=name, for_model=inst.name)
             await self.stop(name, reason="evicted")
+
+    def _device_room(self, inst: Instance) -> tuple[dict[str, dict[str, int]], dict[str, int], dict[str, int]]:
+        """(what each resident holds per offload device, what `inst` needs there, what each device holds:
+        its free memory as the engine listed it, or its cap from config.toml) for choose_device_evictions."""
+        def per_device(plan: dict) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for u in plan.get("uses", []):
+                out[u["device"]] = out.get(u["device"], 0) + int(u["bytes"])
+            return out
+
+        capacity = {d.label: min(d.usable_bytes, d.budget_bytes if d.budget_bytes is not None else d.usable_bytes)
+                    for d in discover_devices(engine_devices=self.engine.devices).devices if d.is_gpu and not d.remote}
+        on_device = {i.name: per_device(i.plan) for i in self.instances.values()
+                     if i is not inst and i.state in RESIDENT_STATES}
+        return on_device, per_device(inst.plan), capacity
 
     # ------------------------------------------------------------------ background loops
 
