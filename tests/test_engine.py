@@ -168,6 +168,32 @@ def test_missing_toolchain_is_named(backend: str, needle: str, monkeypatch: pyte
     assert needle in err.value.hint or needle in err.value.message
 
 
+def test_old_vulkan_headers_get_the_compat_header_and_one_cache_key(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Debian 12's Vulkan headers (1.3.239) lack VK_EXT_layer_settings, which the pinned ggml-vulkan uses:
+    the build puts bostudio's compat header first on the include path; newer headers build as they are."""
+    (tmp_path / "bin").mkdir()
+    glslc = tmp_path / "bin" / "glslc"
+    glslc.write_text("#!/bin/sh\n")
+    glslc.chmod(0o755)
+    inc = tmp_path / "include" / "vulkan"
+    inc.mkdir(parents=True)
+    (inc / "vulkan.h").write_text("")
+    monkeypatch.setattr("bostudio.engine.build.VULKAN_HEADERS", (inc / "vulkan.h",))
+    env = {"PATH": str(tmp_path / "bin")}
+    (inc / "vulkan_core.h").write_text("#define VK_HEADER_VERSION 239\n")
+    old, _ = backend_flags("vulkan", env=env)
+    assert old == ["-DGGML_VULKAN=ON", f"-DCMAKE_CXX_FLAGS=-I{build_module.VULKAN_COMPAT_DIR}"]
+    assert (build_module.VULKAN_COMPAT_DIR / "vulkan" / "vulkan.hpp").is_file()
+    (inc / "vulkan_core.h").write_text("#define VK_HEADER_VERSION 290\n#define VK_EXT_layer_settings 1\n")
+    assert backend_flags("vulkan", env=env)[0] == ["-DGGML_VULKAN=ON"]
+    # the compat dir's place on disk (a venv, a checkout) is not part of the build's identity
+    here = cache_key("abc", "vulkan", old)
+    moved = [f.replace(str(build_module.VULKAN_COMPAT_DIR), "/elsewhere/vulkan_compat") for f in old]
+    monkeypatch.setattr(build_module, "VULKAN_COMPAT_DIR", Path("/elsewhere/vulkan_compat"))
+    assert cache_key("abc", "vulkan", moved) == here != cache_key("abc", "vulkan", ["-DGGML_VULKAN=ON"])
+
+
 def test_backend_flags_with_toolchain(tmp_path: Path) -> None:
     fake_nvcc = tmp_path / "nvcc"
     fake_nvcc.write_text("#!/bin/sh\n")
