@@ -275,3 +275,17 @@ def test_bad_device_budgets_are_config_errors(tmp_path: Path, text: str, needle:
     with pytest.raises(ConfigError) as exc:
         device_budgets(cfg)
     assert needle in exc.value.message and str(cfg) in exc.value.message and hint in exc.value.hint
+
+
+def test_vulkaninfo_gives_the_largest_tensor_a_vulkan_device_takes(tmp_path: Path) -> None:
+    """lavapipe binds at most 128 MiB per buffer (recorded vulkaninfo, Mesa 22.3.6): ggml-vulkan keeps a
+    larger weight on the host, so the plan must know the limit."""
+    listed = parse_devices(recorded("list_devices_lavapipe.txt"))
+    r = discover_devices(ps=FakePsutil, root=tmp_path, system="Linux", engine_devices=listed, budgets={},
+                         run=runner({("vulkaninfo",): recorded("vulkaninfo_lavapipe.txt")}))
+    vk = next(d for d in r.devices if d.backend == "vulkan")
+    assert vk.max_tensor_bytes == 128 * MIB
+    # without vulkaninfo the limit is unknown, not an error
+    r = discover_devices(ps=FakePsutil, root=tmp_path, system="Linux", engine_devices=listed, budgets={},
+                         run=runner({}))
+    assert next(d for d in r.devices if d.backend == "vulkan").max_tensor_bytes is None

@@ -55,6 +55,9 @@ class Device:
     link_mbit: int | None = None  # an RPC worker's network link (None: the estimate's 1 Gbit/s default)
     cores: int | None = None  # the host's CPU cores this process may use (physical; None: unknown)
     software: bool = False  # a software device (lavapipe): a GPU API over the CPU and host RAM
+    # The largest weight the backend takes on the device (ggml-vulkan: maxStorageBufferRange, 128 MiB on
+    # lavapipe): a larger one, such as a big vocabulary's output projection, stays on the host. None: unknown.
+    max_tensor_bytes: int | None = None
 
     @property
     def remote(self) -> bool:

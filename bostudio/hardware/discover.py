@@ -16,6 +16,7 @@ from bostudio.hardware.device import EngineDevice, ProbeResult
 from bostudio.hardware.intel import probe_intel
 from bostudio.hardware.crosscheck import cross_check
 from bostudio.hardware.nvidia import probe_nvidia
+from bostudio.hardware.vulkan import with_storage_limits
 
 Runner = Callable[[list[str]], str]
 
@@ -49,6 +50,6 @@ def discover_devices(*, nvml: ModuleType | None = None, amdsmi: ModuleType | Non
             result = result + ProbeResult(problems=(f"{vendor}: probe failed ({type(exc).__name__}: {exc})",))
     if engine_devices is not None:
         checked = cross_check(result.devices, engine_devices)
-        result = ProbeResult(checked.devices, result.problems + checked.problems)
+        result = ProbeResult(with_storage_limits(checked.devices, run), result.problems + checked.problems)
     capped, notes = apply_budgets(result.devices, device_budgets() if budgets is None else budgets)
     return ProbeResult(capped, result.problems + notes)
