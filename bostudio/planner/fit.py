@@ -432,8 +432,10 @@ def _single_uses(model: "ModelInfo", gpus: list[Device], host: str, s: ContextSe
     kv = kv_cache_bytes(model, s)
     rs = recurrent_state_bytes(model, s)
     frac = (sum(1 for il in range(model.n_layer) if il >= start) / model.n_layer) if model.n_layer else 0
-    for comp, total in (("KV cache", kv.total), ("recurrent state", rs)):
-        on_gpu = int(total * frac)
+    # the KV of the offloaded layers themselves: SWA layers hold fewer cells than full-attention ones
+    on_gpu_layers = [il for il in attention_layers(model) if il >= start]
+    kv_gpu = kv_cache_bytes(model, s, layers=on_gpu_layers).total if on_gpu_layers and gpus else 0
+    for comp, total, on_gpu in (("KV cache", kv.total, kv_gpu), ("recurrent state", rs, int(rs * frac))):
         uses += _spread(on_gpu, gpus, comp)
         uses.append(Use(host, comp, total - on_gpu))
     compute = compute_buffer_bytes(model, s)

@@ -1,0 +1,229 @@
+"""The GPU path on a machine without a GPU: llama.cpp's Vulkan backend on Mesa's software device
+(lavapipe). The Vulkan engine build (scripts/setup.sh installs its Debian packages and builds it with
+BOSTUDIO_TEST_VULKAN=1, which scripts/test.sh sets), `Vulkan0` in `engine list` and `devices`, plans
+held against the buffers llama.cpp allocates on the device (KV within 1%, the total within 5%, as in
+tests/test_planner_accuracy.py) for the embedded model and a target+draft pair, a capped device
+budget that splits the layers between Vulkan0 and the host, and an offloaded `up` with speculation
+verified. A software device's speed and arithmetic say nothing about a GPU: what is checked is the
+path (devices, memory, argv), not the output's tokens.
+
+llama.cpp lists lavapipe only when GGML_VK_VISIBLE_DEVICES names it: this module sets it to 0 for
+itself and the processes it starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bostudio.engine.build import backend_flags, built_engines, is_current_default
+from bostudio.engine.discover import VK_VISIBLE, Engine, probe_engine
+from bostudio.errors import BuildError
+from bostudio.gguf import ModelInfo, describe
+from bostudio.hardware import discover_devices
+from bostudio.hardware.device import Device
+from bostudio.planner import NGRAM_SPEC, NO_SPEC, Intent, Plan, plan
+from bostudio.planner.fit import RUNTIME_OUTPUT
+from bostudio.planner.memory import MIB
+from bostudio.planner.reported import device_buffers, parse_reported_memory
+from bostudio.speculation import Speculator
+from tests.synth_models import with_fewer_layers, write_arch_models
+from tests.test_planner_accuracy import run_server, within
+
+pytestmark = [pytest.mark.engine, pytest.mark.vulkan]
+
+TESTS = Path(__file__).resolve().parent
+ICD_DIRS = (Path("/usr/share/vulkan/icd.d"), Path("/etc/vulkan/icd.d"))
+# Not llama.cpp buffers: what a plan keeps as a margin for the driver's own memory.
+NOT_REPORTED = (RUNTIME_OUTPUT, "platform overhead")
+
+
+def why_no_vulkan() -> str | None:
+    """Why this machine cannot run the tier: the tier turned off, or no Vulkan stack to build and run on."""
+    if os.environ.get("BOSTUDIO_TEST_VULKAN") == "0":
+        return "the Vulkan tier is turned off (BOSTUDIO_TEST_VULKAN=0)"
+    try:
+        backend_flags("vulkan")
+    except BuildError as exc:
+        return f"{exc.message} ({exc.hint})"
+    if not any(any(d.glob("lvp_icd*.json")) for d in ICD_DIRS if d.is_dir()):
+        return "no lavapipe Vulkan driver (apt install mesa-vulkan-drivers)"
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def lavapipe_visible() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(VK_VISIBLE, "0")
+        yield
+
+
+@pytest.fixture(scope="module")
+def vk_engine() -> Engine:
+    """The Vulkan build, probed with lavapipe visible."""
+    why = why_no_vulkan()
+    if why:
+        pytest.skip(f"this machine cannot run Vulkan: {why}")
+    built = [b for b in built_engines() if b.backend == "vulkan" and is_current_default(b)]
+    if not built:
+        pytest.fail("no Vulkan engine built though this machine can build one: run "
+                    "`bostudio engine build --backend vulkan` (scripts/test.sh does, with BOSTUDIO_TEST_VULKAN=1)")
+    eng = probe_engine(built[0].server, "explicit")
+    assert eng.usable, eng.problem
+    return eng
+
+
+@pytest.fixture(scope="module")
+def vk_devices(vk_engine: Engine) -> tuple[Device, ...]:
+    return discover_devices(engine_devices=vk_engine.devices, budgets={}).devices
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ if env is None else env, PYTHONPATH=str(TESTS.parent))
+    return subprocess.run([sys.executable, "-m", "bostudio", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# ---------------------------------------------------------------- the build and discovery
+
+def test_the_vulkan_engine_sees_lavapipe_as_vulkan0(vk_engine: Engine) -> None:
+    assert "vulkan" in vk_engine.backends and "rpc" in vk_engine.backends
+    (dev,) = vk_engine.devices
+    assert (dev.name, dev.backend, dev.software) == ("Vulkan0", "vulkan", True) and dev.total_mib > 0
+    assert vk_engine.gpu_mib() == 0  # a software device is the host's RAM again
+
+
+def test_engine_list_shows_both_builds_and_keeps_the_cpu_one(vk_engine: Engine) -> None:
+    data = json.loads(cli("engine", "list", "--json").stdout)
+    vk = next(e for e in data if e["path"] == str(vk_engine.path))
+    assert "vulkan" in vk["backends"] and [d["name"] for d in vk["devices"]] == ["Vulkan0"]
+    assert not vk["chosen"]  # lavapipe never displaces the CPU build: it runs where it is named
+    assert "Vulkan0 (" in cli("engine", "list").stdout and "MiB, software)" in cli("engine", "list").stdout
+
+
+def test_devices_lists_vulkan0_with_llama_cpps_memory(vk_engine: Engine) -> None:
+    data = json.loads(cli("devices", "--engine", str(vk_engine.path), "--json").stdout)
+    (vk,) = [d for d in data["devices"] if d["backend"] == "vulkan"]
+    (listed,) = vk_engine.devices
+    assert (vk["engine_name"], vk["software"], vk["unified"]) == ("Vulkan0", True, True)
+    assert vk["total_bytes"] == listed.total_mib * MIB and vk["free_bytes"] == listed.free_mib * MIB
+    text = cli("devices", "--engine", str(vk_engine.path)).stdout
+    assert "Vulkan0" in text and "software, unified" in text
+
+
+def test_without_the_switch_devices_says_how_to_show_lavapipe(vk_engine: Engine) -> None:
+    env = {k: v for k, v in os.environ.items() if k != VK_VISIBLE}
+    text = cli("devices", "--engine", str(vk_engine.path), env=env).stdout
+    assert "Vulkan0" not in text and f"unless {VK_VISIBLE} names them" in text
+
+
+# ---------------------------------------------------------------- plans against llama.cpp's buffers
+
+@pytest.fixture(scope="module")
+def pair(vk_engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelInfo, ModelInfo]:
+    """test-llama-archs' llama model and a one-layer copy of it: a target and a draft with the same vocab."""
+    out = tmp_path_factory.mktemp("vk-archs")
+    files = write_arch_models(vk_engine.path.parent / "test-llama-archs", out, ["llama"])
+    draft = with_fewer_layers(files["llama-dense"], out / "llama-draft.gguf", 1)
+    return describe(files["llama-dense"]), describe(draft)
+
+
+def spec_args(spec: Speculator) -> list[str]:
+    """The speculator's own flags, as bostudio.engine.argv adds them."""
+    if spec.kind == "none":
+        return []
+    out = ["--spec-type", ",".join(spec.spec_types)]
+    out += ["--spec-draft-n-max", str(spec.n_max)] if spec.n_max is not None else []
+    return out + (["-md", str(spec.draft)] if spec.draft else [])
+
+
+def planned_per_device(p: Plan) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for u in p.chosen.uses:
+        out.setdefault(u.device, {})
+        out[u.device][u.component] = out[u.device].get(u.component, 0) + u.bytes
+    return out
+
+
+def check_against_llama_cpp(p: Plan, spec: Speculator, model: Path, vk_engine: Engine) -> dict:
+    """Run the plan's argv in the Vulkan llama-server and hold its buffers against the plan: KV (and the
+    draft's) within 1%, the total within 5%, and each device's weights and KV within 5%."""
+    log = run_server(vk_engine.path, model, p.llama_args() + spec_args(spec), timeout=240)
+    rep = parse_reported_memory(log)
+    assert rep.contexts, f"llama-server did not create a context:\n{log[-3000:]}"
+    o = p.chosen
+    kv = o.component_bytes("KV cache") + o.component_bytes("recurrent state")
+    assert within(kv, rep.contexts[0].kv + rep.contexts[0].rs, 0.01), (kv, rep.contexts[0])
+    if spec.kind == "draft":
+        assert len(rep.contexts) == 2, "the draft's context is missing"
+        assert within(o.component_bytes("draft KV cache"), rep.contexts[1].kv, 0.01)
+    total = o.total - sum(o.component_bytes(c) for c in NOT_REPORTED)
+    assert within(total, rep.total, 0.05), (total, rep.total)
+    planned, reported = planned_per_device(p), device_buffers(log)
+    for dev in ("Vulkan0", "CPU"):
+        for comp in ("weights", "KV cache"):
+            want, got = planned.get(dev, {}).get(comp, 0), reported.get(dev, {}).get(comp, 0)
+            assert within(want, got, 0.05), (dev, comp, want, got, reported)
+    return {"log": log, "reported": reported, "planned": planned}
+
+
+def test_gemma_is_offloaded_whole_and_its_buffers_match_the_plan(vk_engine: Engine, vk_devices: tuple[Device, ...],
+                                                                gemma_gguf: Path) -> None:
+    info = describe(gemma_gguf)
+    p = plan(info, vk_devices, Intent(ctx=4096, speculation="off"))
+    assert p.chosen.fits and p.chosen.n_gpu_layers == info.n_block + 1  # every layer and the output
+    run = check_against_llama_cpp(p, NO_SPEC, gemma_gguf, vk_engine)
+    assert f"offloaded {info.n_block + 1}/{info.n_block + 1} layers to GPU" in run["log"]
+    # lavapipe binds at most 128 MiB per buffer: the 170 MiB tied output projection stays on the host, as
+    # llama.cpp decides by itself; the plan knows (vulkaninfo) and pins it there with -ot
+    (vk,) = [d for d in vk_devices if d.backend == "vulkan"]
+    assert vk.max_tensor_bytes == 128 * MIB and p.chosen.output_on_host and "-ot" in p.llama_args()
+    assert run["reported"]["Vulkan0"]["weights"] > 0
+
+
+def test_a_target_and_its_draft_on_vulkan0_match_the_plan(vk_engine: Engine, vk_devices: tuple[Device, ...],
+                                                          pair: tuple[ModelInfo, ModelInfo]) -> None:
+    target, draft = pair
+    spec = Speculator("draft", ("draft-simple",), draft=draft.path, n_max=8)
+    p = plan(target, vk_devices, Intent(ctx=4096, speculation="on"), spec, draft)
+    assert p.chosen.speculator.kind == "draft" and p.chosen.n_gpu_layers == target.n_block + 1
+    assert p.chosen.n_gpu_layers_draft == draft.n_block + 1
+    check_against_llama_cpp(p, spec, target.path, vk_engine)
+
+
+def capped(devices: tuple[Device, ...], label: str, cap: int) -> tuple[Device, ...]:
+    return tuple(d.with_(budget_bytes=cap) if d.label == label else d for d in devices)
+
+
+def test_a_capped_budget_splits_the_layers_and_llama_cpp_follows(vk_engine: Engine, vk_devices: tuple[Device, ...],
+                                                                  gemma_gguf: Path) -> None:
+    info = describe(gemma_gguf)
+    intent = Intent(ctx=4096, speculation="off")
+    whole = plan(info, vk_devices, intent).chosen.device_bytes("Vulkan0")
+    p = plan(info, capped(vk_devices, "Vulkan0", int(whole * 0.75)), intent)
+    assert p.chosen.fits and 0 < p.chosen.n_gpu_layers < info.n_block + 1, p.chosen.n_gpu_layers
+    assert p.chosen.device_bytes("Vulkan0") <= int(whole * 0.75)
+    run = check_against_llama_cpp(p, NO_SPEC, gemma_gguf, vk_engine)
+    assert f"offloaded {p.chosen.n_gpu_layers}/{info.n_block + 1} layers to GPU" in run["log"]
+
+
+def test_the_cap_from_config_reaches_plan(vk_engine: Engine, gemma_gguf: Path, tmp_path: Path) -> None:
+    """[devices.Vulkan0] budget_mib in config.toml caps the device in `devices` and `plan`."""
+    (tmp_path / "bostudio").mkdir()
+    (tmp_path / "bostudio" / "config.toml").write_text("[devices.Vulkan0]\nbudget_mib = 300\n")
+    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path))
+    data = json.loads(cli("devices", "--engine", str(vk_engine.path), "--json", env=env).stdout)
+    assert next(d for d in data["devices"] if d["engine_name"] == "Vulkan0")["budget_bytes"] == 300 * MIB
+    proc = cli("plan", str(gemma_gguf), "--engine", str(vk_engine.path), "--ctx", "4096", "--spec", "off", "--json",
+               env=env)
+    assert proc.returncode == 0, proc.stderr
+    p = json.loads(proc.stdout)
+    chosen = p["with_speculation"] or p["without_speculation"]
+    assert chosen["devices"]["Vulkan0"] <= 300 * MIB < sum(chosen["devices"].values())
+    ngl = p["argv"][p["argv"].index("-ngl") + 1]
+    assert 0 < int(ngl) < describe(gemma_gguf).n_block + 1
