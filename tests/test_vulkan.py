@@ -2,10 +2,9 @@
 (lavapipe). The Vulkan engine build (scripts/setup.sh installs its Debian packages and builds it with
 BOSTUDIO_TEST_VULKAN=1, which scripts/test.sh sets), `Vulkan0` in `engine list` and `devices`, plans
 held against the buffers llama.cpp allocates on the device (KV within 1%, the total within 5%, as in
-tests/test_planner_accuracy.py) for the embedded model and a target+draft pair, a capped device
-budget that splits the layers between Vulkan0 and the host, and an offloaded `up` with speculation
-verified. A software device's speed and arithmetic say nothing about a GPU: what is checked is the
-path (devices, memory, argv), not the output's tokens.
+tests/test_planner_accuracy.py) for the embedded model and a target+draft pair, and a capped device
+budget that splits the layers between Vulkan0 and the host. A software device's speed and arithmetic say
+nothing about a GPU: what is checked is the path (devices, memory, argv), not the output's tokens.
 
 llama.cpp lists lavapipe only when GGML_VK_VISIBLE_DEVICES names it: this module sets it to 0 for
 itself and the processes it starts."""
@@ -227,3 +226,4 @@ def test_the_cap_from_config_reaches_plan(vk_engine: Engine, gemma_gguf: Path, t
     assert chosen["devices"]["Vulkan0"] <= 300 * MIB < sum(chosen["devices"].values())
     ngl = p["argv"][p["argv"].index("-ngl") + 1]
     assert 0 < int(ngl) < describe(gemma_gguf).n_block + 1
+
