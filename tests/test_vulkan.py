@@ -2,8 +2,8 @@
 (lavapipe). The Vulkan engine build (scripts/setup.sh installs its Debian packages and builds it with
 BOSTUDIO_TEST_VULKAN=1, which scripts/test.sh sets), `Vulkan0` in `engine list` and `devices`, plans
 held against the buffers llama.cpp allocates on the device (KV within 1%, the total within 5%, as in
-tests/test_planner_accuracy.py) for the embedded model and a target+draft pair, and a capped device
-budget that splits the layers between Vulkan0 and the host. A software device's speed and arithmetic say
+tests/test_planner_accuracy.py) for the embedded model and a target+draft pair, a capped device
+budget that splits the layers between Vulkan0 and the host, and two lavapipe devices (-dev/-ts/-devd). A software device's speed and arithmetic say
 nothing about a GPU: what is checked is the path (devices, memory, argv), not the output's tokens.
 
 llama.cpp lists lavapipe only when GGML_VK_VISIBLE_DEVICES names it: this module sets it to 0 for
@@ -227,3 +227,34 @@ def test_the_cap_from_config_reaches_plan(vk_engine: Engine, gemma_gguf: Path, t
     ngl = p["argv"][p["argv"].index("-ngl") + 1]
     assert 0 < int(ngl) < describe(gemma_gguf).n_block + 1
 
+
+
+# ---------------------------------------------------------------- two devices
+
+def test_two_lavapipe_devices_split_the_target_and_the_draft_goes_to_one(
+        vk_engine: Engine, pair: tuple[ModelInfo, ModelInfo], monkeypatch: pytest.MonkeyPatch) -> None:
+    """GGML_VK_VISIBLE_DEVICES=0,0 lists lavapipe twice (Vulkan0, Vulkan1): the plan splits the layers with
+    -dev/-ts, puts the draft on one device with -devd, and llama.cpp's buffers per device follow it."""
+    monkeypatch.setenv(VK_VISIBLE, "0,0")
+    eng = probe_engine(vk_engine.path, "explicit")
+    assert [d.name for d in eng.devices] == ["Vulkan0", "Vulkan1"]
+    devices = discover_devices(engine_devices=eng.devices, budgets={}).devices
+    target, draft = pair
+    spec = Speculator("draft", ("draft-simple",), draft=draft.path, n_max=8)
+    p = plan(target, devices, Intent(ctx=4096, speculation="on"), spec, draft)
+    args = p.llama_args()
+    assert args[args.index("-dev") + 1] == "Vulkan0,Vulkan1" and "-ts" in args
+    assert p.chosen.draft_device in ("Vulkan0", "Vulkan1") and args[args.index("-devd") + 1] == p.chosen.draft_device
+    split = dict(p.chosen.split)
+    assert split["Vulkan0"] > 0 and split["Vulkan1"] > 0
+    log = run_server(eng.path, target.path, args + spec_args(spec), timeout=240)
+    rep = parse_reported_memory(log)
+    assert len(rep.contexts) == 2, log[-3000:]
+    planned = planned_per_device(p)
+    reported = device_buffers(log)
+    for dev in ("Vulkan0", "Vulkan1"):
+        for comp in ("weights", "KV cache"):
+            want, got = planned[dev].get(comp, 0), reported.get(dev, {}).get(comp, 0)
+            assert within(want, got, 0.05), (dev, comp, want, got, reported)
+    # the draft's weights land on the device the plan names
+    assert rep.models[1].get(p.chosen.draft_device, 0) > 0, rep.models
