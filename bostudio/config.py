@@ -1,5 +1,5 @@
 """The user's config.toml, read for any part of bostudio: each part reads its own `[table]` and checks its
-own keys (`[catalog]` in catalog.config, `[pull]` in pairing.fetch, `[guardrails]`, `[workload]`, `[[rpc]]`)."""
+own keys (`[catalog]` in catalog.config, `[pull]` in pairing.edge.fetch, `[guardrails]`, `[workload]`, `[[rpc]]`)."""
 
 from __future__ import annotations
 

@@ -215,8 +215,8 @@ def default_workload(model: str, config: Path | None = None) -> str:
     return table.get(model) or table.get("default") or DEFAULT_WORKLOAD
 
 
-# Without a profile, the break-even acceptance assumed at run time: on this project's CPU measurements
-# (issue 12), n-gram speculation at ~50% acceptance ran at 0.92-0.97x of off on fresh code.
+# Without a profile, the break-even acceptance assumed at run time: measured on this project's CPU,
+# n-gram speculation at ~50% acceptance ran at 0.92-0.97x of off on fresh code.
 DEFAULT_BREAK_EVEN = 0.55
 
 

@@ -1,7 +1,7 @@
 """Which speculator to run: parse the user's `--spec` and choose what pays for this model and engine.
 
 Pure: no file, process or network access. `choose_speculator` serves the explicit modes and the table-less
-auto fallback; `bostudio.pairing.select` adds the pairing table, auto-detection and compatibility checks.
+auto fallback; `bostudio.pairing.core.select` adds the pairing table, auto-detection and compatibility checks.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from bostudio.engine.discover import Engine, find_engine
 from bostudio.errors import ConfigError, ServerError
 from bostudio.gguf import describe
 from bostudio.gguf.template import TemplateChoice
-from bostudio.launch import Decision, LaunchIntent, gather_and_decide
-from bostudio.pairing.fetch import interactive_ask, resolve_pull_policy
+from bostudio.launch import Decision, gather_and_decide, serve_intent
+from bostudio.pairing.edge.fetch import interactive_ask, resolve_pull_policy
 from bostudio.planner import Plan
 from bostudio.planner.pool import placement_lines
 from bostudio.profiles import default_workload
@@ -71,8 +71,8 @@ def prepare_launch(opts: UpOptions, note=print) -> Prepared:  # type: ignore[no-
     workload = opts.workload or default_workload(model_name(model))
     pool = worker_pool(engine, workers, note)
     policy = resolve_pull_policy(opts.pull)
-    decision = gather_and_decide(info, engine, LaunchIntent(ctx=opts.ctx, cache_type=opts.cache_type, spec=opts.spec,
-                                                               flash_attn=opts.flash_attn),
+    decision = gather_and_decide(info, engine, serve_intent(ctx=opts.ctx, cache_type=opts.cache_type, spec=opts.spec,
+                                                            flash_attn=opts.flash_attn),
                                  pool=pool, workload=workload, pull=policy,
                                  ask=interactive_ask() if policy == "ask" else None, log=note)
     launch = decision.launch_spec(port=opts.port, alias=model_name(model), host=opts.host)
@@ -113,7 +113,9 @@ def run_up(opts: UpOptions, out=sys.stdout) -> int:
     log_path = paths.logs_dir() / f"up-{opts.port}.log"
     server = ServerProcess(argv, opts.port, log_path, host=opts.host)
 
-    previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # SIGINT too: a shell starts a background job with SIGINT ignored, and Python then installs no
+    # handler of its own, so `kill -INT` (or a supervisor's Ctrl-C) would not stop it.
+    previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         note(f"starting llama-server on {alias} (speculation: {speculator.label}; log: {log_path})")
         server.start()
@@ -152,4 +154,3 @@ def run_up(opts: UpOptions, out=sys.stdout) -> int:
         server.stop()
         for s, h in previous.items():
             signal.signal(s, h)
-        signal.signal(signal.SIGINT, signal.default_int_handler)

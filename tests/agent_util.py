@@ -34,3 +34,16 @@ def agent_env(cfg: dict, home: Path) -> dict[str, str]:
                PATH=f"{AGENT_BIN}:{env.get('PATH', '')}", IS_SANDBOX="1", CI="1", NO_COLOR="1")
     env.update(cfg["env"])
     return env
+
+
+def recording_daemon(root: Path, model: Path):  # type: ignore[no-untyped-def]
+    """A daemon serving `model` alone that records every request body it reads under root/record (its
+    `record` attribute); yields it and stops it, its children with it."""
+    models = root / "models"
+    models.mkdir()
+    (models / model.name).symlink_to(model)
+    d = DaemonProc(root, models, ["--idle-ttl", "0", "--record", str(root / "record")]).start()
+    d.record = root / "record"  # type: ignore[attr-defined]
+    yield d
+    assert d.stop() == 0
+    assert not d.children()

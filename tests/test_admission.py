@@ -1,4 +1,4 @@
-"""Admission into a child's KV pool (bostudio.daemon.admission), without a server: reservations fit the
+"""Admission into a child's KV pool (bostudio.daemon.supervise.admission), without a server: reservations fit the
 pool or wait first come first served, a wait is bounded and a cancelled waiter leaves the line, what a
 request reserves, and llama-server's own context error read back."""
 
@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from bostudio.daemon.admission import (DRAFT_ROOM, Admission, QueueTimeout, exceed_message, output_budget, reservation,
-                                       too_long)
+from bostudio.daemon.supervise.admission import (DRAFT_ROOM, Admission, QueueTimeout, exceed_message, output_budget,
+                                                 reservation, too_long)
 
 
 def run(coro):  # type: ignore[no-untyped-def]
@@ -104,19 +104,26 @@ def test_a_load_plans_with_idle_models_memory_as_free_and_the_budget_on_the_host
     """Supervisor.planning_devices: an idle model's memory counts as free (the load evicts it if it needs
     the room), a busy one's does not, and the host holds at most the memory budget less the busy models."""
     from pathlib import Path
+    from types import SimpleNamespace
 
-    from bostudio.daemon import supervisor as sv
-    from bostudio.daemon.events import EventBus
+    from bostudio.daemon.supervise import supervisor as sv
+    from bostudio.daemon.supervise.events import EventBus
+    from bostudio.daemon.supervise.instance import Instance, ModelConfig
+    from bostudio.daemon.supervise.lifecycle import READY, Life
     from bostudio.engine.discover import Engine
     from bostudio.hardware.device import GIB, Device, ProbeResult
+    from bostudio.planner.fit import Use
 
     host = Device(vendor="cpu", backend="cpu", name="host", index=0, total_bytes=32 * GIB, free_bytes=10 * GIB)
     monkeypatch.setattr(sv, "discover_devices", lambda **_: ProbeResult((host,)))
     sup = sv.Supervisor(sv.SupervisorOptions(memory_budget=20 * GIB, prompt_reuse=False), EventBus())
 
     def resident(name: str, gib: int, active: int) -> None:
-        inst = sv.Instance(sv.ModelConfig(name, Path(f"/m/{name}.gguf"), None, "auto"), state=sv.READY, active=active)
-        inst.plan = {"bytes": gib * GIB, "uses": [{"device": "CPU", "component": "weights", "bytes": gib * GIB}]}
+        inst = Instance(ModelConfig(name, Path(f"/m/{name}.gguf"), None, "auto"), life=Life(name, state=READY),
+                        active=active)
+        # What planning_devices reads of the child's Decision: its total and its bytes per device.
+        chosen = SimpleNamespace(uses=[Use("CPU", "weights", gib * GIB)])
+        inst.decision = SimpleNamespace(bytes=gib * GIB, plan=SimpleNamespace(chosen=chosen))  # type: ignore[assignment]
         sup.instances[name] = inst
 
     resident("idle", 4, 0)

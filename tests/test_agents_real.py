@@ -25,7 +25,7 @@ import pytest
 from tests import agent_util
 from tests.agent_util import agent_env
 from tests.daemon_util import DaemonProc
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 
 GEMMA = "gemma-3-270m-q4_k_m"
 NO_TOOLS = "tiny-no-tools"

@@ -3,8 +3,8 @@ the real Claude Code and opencode CLIs (pinned, from npm, in .agents/), each in 
 from `bostudio launch AGENT --print --json`, each asked to create a file and run it. A task is done when its
 file exists and runs: the tests check the file and what it prints, never the agent's words.
 
-Codex is not among them: on this 1.5B model it did not finish either task in five tries (README, "Coding
-agents"); test_agents_real.py runs it on the small fixture for what the daemon guarantees it.
+Codex is not among them: on this 1.5B model it did not finish either task in five tries (BENCHMARKS.md,
+"Coding agents on this machine"); test_agents_real.py runs it on the small fixture for what the daemon guarantees it.
 
 One session crosses Claude Code's compaction point (a command prints about 6k tokens into a 32k context
 whose own prompt is about 12k): the CLI compacts, no request ends in a 400, and the task after it is done.
@@ -29,26 +29,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_util import agent_env, launch_print
+from tests.agent_util import agent_env, launch_print, recording_daemon
 from tests.daemon_util import DaemonProc
 
 HANG_GUARD_S = 2400
-pytestmark = [pytest.mark.engine, pytest.mark.agent_tasks]
+pytestmark = [pytest.mark.engine, pytest.mark.agent_tasks, pytest.mark.timeout(2 * HANG_GUARD_S)]
 
 HELLO = "Create a file hello.py that prints hello, then run it with python3."
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, engine, qwen_gguf: Path):
-    root = tmp_path_factory.mktemp("tasks")
-    models = root / "models"
-    models.mkdir()
-    (models / qwen_gguf.name).symlink_to(qwen_gguf)
-    d = DaemonProc(root, models, ["--idle-ttl", "0", "--record", str(root / "record")]).start()
-    d.record = root / "record"  # type: ignore[attr-defined]
-    yield d
-    assert d.stop() == 0
-    assert not d.children()
+    yield from recording_daemon(tmp_path_factory.mktemp("tasks"), qwen_gguf)
 
 
 def run_task(daemon: DaemonProc, agent: str, model: str, argv: list[str], work: Path,

@@ -11,8 +11,8 @@ import pytest
 
 from bostudio.agents import (CLAUDE_OWN_PROMPT, LOCAL_TIMEOUT_MS, AgentTarget, claude_compacts_at, compaction_notes,
                              configure, max_output_for)
-from bostudio.daemon.capabilities import ModelCaps
-from bostudio.daemon.normalise import normalise, strip_billing_header
+from bostudio.gguf.capabilities import ModelCaps
+from bostudio.daemon.http.normalise import normalise, strip_billing_header
 from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.gguf.template import TEMPLATES_DIR, choose_template
 
@@ -219,8 +219,22 @@ def test_the_agents_setup_installs_the_pinned_versions() -> None:
 ])
 def test_launch_passes_the_agents_arguments_verbatim(argv, model, ctx, print_only, agent_args) -> None:
     from bostudio.cli import build_parser, parse_args
-    from bostudio.cli_launch import split_rest
+    from bostudio.cli.launch import split_rest
 
     args = parse_args(build_parser(), argv)
     got_model, got_args = split_rest(args)
     assert (got_model, args.ctx, args.print_only, got_args) == (model, ctx, print_only, agent_args)
+
+
+def test_easy_assistant_inputs_of_the_responses_api_get_their_type() -> None:
+    """The OpenAI client sends `{"role": "assistant", "content": "..."}` in a Responses input; llama-server reads
+    an assistant turn only with `"type": "message"`. Other items and other routes pass as they are."""
+    body = {"input": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                      {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "c"}]},
+                      {"type": "function_call_output", "call_id": "x", "output": "d"}]}
+    out = normalise("/v1/responses", body)
+    assert out is not None and out["input"][1] == {"role": "assistant", "content": "b", "type": "message"}
+    assert out["input"][0] == body["input"][0] and out["input"][2:] == body["input"][2:]
+    assert "type" not in body["input"][1]  # the client's body is not changed in place
+    assert normalise("/v1/chat/completions", {"messages": body["input"]}) is None
+    assert normalise("/v1/responses", {"input": "plain text"}) is None

@@ -20,10 +20,10 @@ import pytest
 from bostudio.bench.agent import (TurnResult, _needed, fitted_session, prefill_spread, projection, session_ctx,
                                   session_totals, sessions_json)
 from bostudio.bench.load import CompetingLoad
-from bostudio.bench.runner import BenchConfig, parse_flash_attn, parse_threads, with_flash_attn, with_threads
+from bostudio.bench.runner import Bench, BenchConfig, parse_flash_attn, parse_threads
 from bostudio.bench.sessions import (AGENT, ROUTES, Request, module_of_turn, recorded_session, replay_request,
                                     shipped_session)
-from bostudio.daemon.record import Recorder
+from bostudio.daemon.http.record import Recorder
 from bostudio.errors import ConfigError
 from tests.daemon_util import DaemonProc
 
@@ -286,10 +286,6 @@ def test_flash_attention_settings() -> None:
     for bad in ("auto", "yes", "on,on"):
         with pytest.raises(ConfigError):
             parse_flash_attn(bad)
-    args = ["-ngl", "0", "-fa", "off", "-t", "1"]
-    assert with_flash_attn(args, "planned") == args
-    assert with_flash_attn(args, "on") == ["-ngl", "0", "-t", "1", "-fa", "on"]
-    assert with_flash_attn(["-ngl", "0"], "off") == ["-ngl", "0", "-fa", "off"]
     from bostudio.bench.service import with_settings
     from bostudio.speculation import Speculator
     got = with_settings([BenchConfig("off", Speculator("none"))], "planned,1", "on,off")
@@ -303,11 +299,40 @@ def test_threads_settings() -> None:
     for bad in ("none", "0", "1/2/3", "planned,planned"):
         with pytest.raises(ConfigError):
             parse_threads(bad)
-    args = ["-ngl", "0", "-t", "1", "-tb", "2", "-fit", "off"]
-    assert with_threads(args, "planned", 8) == args
-    assert with_threads(args, "all", 8) == ["-ngl", "0", "-fit", "off", "-t", "8", "-tb", "8"]
-    assert with_threads(args, "3", 8)[-4:] == ["-t", "3", "-tb", "3"]
-    assert with_threads(args, "3/6", 8)[-4:] == ["-t", "3", "-tb", "6"]
+
+
+def _flag(argv: list[str], flag: str) -> str:
+    assert argv.count(flag) == 1, f"{flag} appears {argv.count(flag)} times in {argv}"
+    return argv[argv.index(flag) + 1]
+
+
+def test_settings_under_test_are_asked_of_the_plan_not_edited_into_the_argv(tmp_path: Path, engine) -> None:
+    """Each side's -fa and -t/-tb come from the launch decision planned with that setting (Decision.varied);
+    the rest of its argv is the baseline's, and a cold session's slot flags come from the decision too."""
+    from bostudio.gguf import describe
+    from bostudio.hardware.device import GIB, Device
+    from bostudio.launch import LaunchInputs, bench_intent, decide
+    from bostudio.speculation import Speculator
+    from bostudio.gguf.synth import tiny_llama
+
+    info = describe(tiny_llama(tmp_path / "m.gguf"))
+    host = (Device("cpu", "cpu", "host", 0, 64 * GIB, cores=8),)
+    decision = decide(LaunchInputs(info, engine, host, Speculator("none"), intent=bench_intent(1024)))
+    off = Speculator("none", reason="baseline")
+    configs = [BenchConfig("off", off), BenchConfig("off fa=on", off, flash_attn="on"),
+               BenchConfig("off t=all", off, threads="all"), BenchConfig("off t=3/6 fa=off", off, "3/6", "off")]
+    bench = Bench(info, engine, configs, 1024, lambda _: None, decision=decision)
+    planned, fa_on, every, asked = (bench.argv(c, 1) for c in configs)
+    assert (_flag(planned, "-fa"), _flag(planned, "-t"), _flag(planned, "-tb")) == ("off", "6", "6")  # CPU: off
+    assert _flag(fa_on, "-fa") == "on" and _flag(fa_on, "-t") == "6"
+    assert (_flag(every, "-t"), _flag(every, "-tb"), _flag(every, "-fa")) == ("8", "8", "off")
+    assert (_flag(asked, "-t"), _flag(asked, "-tb"), _flag(asked, "-fa")) == ("3", "6", "off")
+    assert all(_flag(a, "-np") == "1" and _flag(a, "-c") == "1024" for a in (planned, fa_on, every, asked))
+    assert "-cram" not in planned and "--slot-save-path" not in planned
+    cold = Bench(info, engine, configs[:1], 1024, lambda _: None, tmp_path / "slots", decision).argv(configs[0], 1)
+    assert _flag(cold, "-cram") == "0" and _flag(cold, "--slot-save-path") == str(tmp_path / "slots")
+    i, j = cold.index("-cram"), cold.index("--slot-save-path")
+    assert [a for k, a in enumerate(cold) if k not in (i, i + 1, j, j + 1)] == planned
 
 
 def test_competing_load_is_paused_resumed_and_gone_after() -> None:
@@ -473,7 +498,7 @@ def test_session_tune_screens_every_ngram_type_in_one_pass() -> None:
     assert screen_goes_on([], 12, 6, 0, 1) and screen_goes_on([360.0], 12, 6, 360, 1)  # two turns always run
     assert screen_goes_on([360.0, 60.0, 60.0], 12, 6, 480, 480 + 60 + 340)
     assert not screen_goes_on([360.0, 60.0, 60.0], 12, 6, 481, 480 + 60 + 340)
-    # a cold turn late in a recording counts once, not for every turn after it (run 8: 2,600 s for 554 s)
+    # a cold turn late in a recording counts once, not for every turn after it (else 2,600 s for a 554 s pass)
     assert screen_estimate([480.0] + [50.0] * 13 + [380.0], 21, 6) == pytest.approx(2 / 6 * (1510 + 6 * 1030 / 14))
 
 
@@ -504,7 +529,7 @@ def test_session_tune_retimes_off_with_the_candidates_decode() -> None:
     assert session_floor(0.17) == pytest.approx(MIN_NOISE * 0.17) and session_floor(2.0) == MIN_NOISE
 
     t = Tally(Candidate("ngram-simple", Speculator("ngram", ("ngram-simple",))))
-    for i, (r, d) in enumerate([(1.026, 1.15), (1.032, 1.17)]):  # goal run 6's shipped session, retimed
+    for i, (r, d) in enumerate([(1.026, 1.15), (1.032, 1.17)]):  # a measured shipped session, retimed
         t.baseline.append(Sample("agent", None, "off", i, 1.0, None, 100, 0, 0, 30.0))
         t.samples.append(Sample("agent", None, "ngram-simple", i, r, None, 100, 50, 40, 30.0 * d))
     assert choose_config([t]).chosen is None  # 2.6% is under the 3% floor of a figure timed whole

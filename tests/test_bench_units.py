@@ -17,8 +17,8 @@ from bostudio.bench.measure import OFF, Sample, accept_length, project, report_j
 from bostudio.bench.tune import (Candidate, Tally, break_even_acceptance, candidates, choose_config, halve,
                                  median_interval, ranking, round_prompts)
 from bostudio.bench.workloads import SHIPPED, WORKLOADS, filler_code, resolve_workloads
-from bostudio.daemon import policy
-from bostudio.daemon.stats import InstanceStats
+from bostudio.daemon.supervise import policy
+from bostudio.daemon.supervise.stats import InstanceStats
 from bostudio.engine.discover import Engine, KNOWN_SPEC_TYPES
 from bostudio.errors import ConfigError
 from bostudio.speculation import Speculator
@@ -382,7 +382,7 @@ def test_profile_keeps_the_sweep_ranking_and_bench_runs_it(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from bostudio.bench.runner import resolve_configs
     from bostudio.gguf import describe
-    from tests.gguf_factory import tiny_llama
+    from bostudio.gguf.synth import tiny_llama
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
@@ -491,8 +491,10 @@ def test_daemon_flags_then_relaunches_an_idle_auto_instance(tmp_path: Path, monk
     with speculation off for this workload until the workload changes."""
     import asyncio
 
-    from bostudio.daemon.events import EventBus
-    from bostudio.daemon.supervisor import READY, Instance, ModelConfig, Supervisor, SupervisorOptions
+    from bostudio.daemon.supervise.events import EventBus
+    from bostudio.daemon.supervise.instance import Instance, ModelConfig
+    from bostudio.daemon.supervise.lifecycle import READY, Life
+    from bostudio.daemon.supervise.supervisor import Supervisor, SupervisorOptions
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     bus = EventBus()
@@ -504,29 +506,29 @@ def test_daemon_flags_then_relaunches_an_idle_auto_instance(tmp_path: Path, monk
 
     sup.restart = restart  # type: ignore[method-assign]
     cfg = ModelConfig("m", tmp_path / "m.gguf", 4096, "auto")
-    # drafts already at the shortest length (issue 22: longer ones are shortened first, tests/test_draft_length.py)
-    inst = Instance(cfg, state=READY, speculator=Speculator("ngram", ("ngram-mod",),
+    # drafts already at the shortest length (longer ones are shortened first, tests/test_draft_length.py)
+    inst = Instance(cfg, life=Life("m", state=READY), speculator=Speculator("ngram", ("ngram-mod",),
                                                             ngram_params=(("ngram-mod", "n_max", 2),)))
     inst.stats = replay(PROSE)
     inst.active = 1  # a request in flight: flagged, not relaunched
     sup.instances["m"] = inst
 
-    asyncio.run(sup._check_speculation(inst))
+    asyncio.run(sup.check_speculation(inst))
     row = inst.to_json()
     assert row["spec_flagged"] and row["spec_check"]["state"] == "below" and restarted == []
     flagged = [e for e in bus.recent if e["type"] == "speculation"]
     assert len(flagged) == 1 and flagged[0]["flagged"] and "relaunching without it when idle" in flagged[0]["message"]
 
     inst.active = 0  # the next idle moment
-    asyncio.run(sup._check_speculation(inst))
+    asyncio.run(sup.check_speculation(inst))
     assert restarted == ["m"] and cfg.auto_off == "code" and "below the break-even" in cfg.auto_off_reason
     assert any(e.get("relaunch") for e in bus.recent if e["type"] == "speculation")
     assert inst.to_json()["auto_off"]["workload"] == "code"
     # the same policy under an explicit mode only flags
-    inst2 = Instance(ModelConfig("n", tmp_path / "n.gguf", 4096, "ngram"), state=READY,
+    inst2 = Instance(ModelConfig("n", tmp_path / "n.gguf", 4096, "ngram"), life=Life("n", state=READY),
                      speculator=Speculator("ngram", ("ngram-mod",)))
     inst2.stats = replay(PROSE)
-    asyncio.run(sup._check_speculation(inst2))
+    asyncio.run(sup.check_speculation(inst2))
     assert inst2.to_json()["spec_flagged"] and restarted == ["m"]
     # another workload: auto may speculate again (auto_off names the old one)
     sup.configs["m"] = cfg
@@ -535,9 +537,9 @@ def test_daemon_flags_then_relaunches_an_idle_auto_instance(tmp_path: Path, monk
 
 
 def test_fallback_takes_the_next_best_kind_else_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from bostudio.daemon.supervisor import fallback_speculator
+    from bostudio.daemon.supervise.launching import fallback_speculator
     from bostudio.gguf import describe
-    from tests.gguf_factory import tiny_llama
+    from bostudio.gguf.synth import tiny_llama
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     info = describe(tiny_llama(tmp_path / "t.gguf"))
@@ -561,7 +563,7 @@ def speculator_json_mtp() -> dict:
 
 def test_bench_never_gives_two_servers_one_port_and_retries_a_taken_one(monkeypatch: pytest.MonkeyPatch,
                                                                        tmp_path: Path) -> None:
-    """The OS may hand out a port again while the server it went to has not bound it yet (goal run 7: a
+    """The OS may hand out a port again while the server it went to has not bound it yet (measured: a
     restart's fifth server got the first's port, and the bench died after an hour). Bench picks again for a port
     one of its servers holds, and starts a server whose port was taken anyway on another one."""
     from bostudio.bench import runner

@@ -17,8 +17,8 @@ from bostudio.catalog.remote import describe_remote, read_remote_sources
 from bostudio.cli import main
 from bostudio.errors import ModelError
 from bostudio.gguf import describe, describe_header, parse_header
-from tests.gguf_factory import tiny_llama, write_model
-from tests.hubserver import COMMIT, FakeHub, HubServer, use_hub
+from bostudio.gguf.synth import tiny_llama, write_model
+from benchmarks.hubserver import COMMIT, FakeHub, HubServer, use_hub
 
 REPO = "org/Tiny-GGUF"
 

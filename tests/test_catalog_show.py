@@ -12,7 +12,7 @@ import pytest
 from bostudio.cli import main
 from bostudio.display import escape_untrusted
 from tests.catalog_fixtures import Stores, small_gguf, stores  # noqa: F401
-from tests.gguf_factory import tiny_llama, write_model
+from bostudio.gguf.synth import tiny_llama, write_model
 
 HOSTILE_NAME = "\x1b[2J\x1b]0;owned\x07[bold red]boom[/bold red] \u202eevil\u200b"
 

@@ -15,28 +15,19 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from bostudio.daemon.app import build_app
-from bostudio.daemon.capabilities import caps_from_header
-from bostudio.daemon.routes.control import DaemonInfo
-from bostudio.daemon.routes.models import PASSTHROUGH_ROUTES
-from bostudio.daemon.security import allowed_hosts
-from bostudio.daemon.supervisor import SupervisorOptions
+from bostudio.gguf.capabilities import caps_from_header
+from bostudio.daemon.http.app import build_app
+from bostudio.daemon.http.routes.control import DaemonInfo
+from bostudio.daemon.http.routes.models import PASSTHROUGH_ROUTES
+from bostudio.daemon.http.security import allowed_hosts
+from bostudio.daemon.supervise.supervisor import SupervisorOptions
+from bostudio.engine.argv import kind_args
 from bostudio.gguf.split import read_header
 from tests.daemon_util import DaemonProc, fake_engine
-from tests.gguf_factory import VOCAB, dense_layers, tiny_llama, write_model
+from bostudio.gguf.synth import tiny_embedder, tiny_llama
 
 TOKEN = "ab" * 32
 NEW_POST_ROUTES = [p for p, *_ in PASSTHROUGH_ROUTES] + ["/api/chat", "/api/generate", "/api/embed", "/api/show"]
-
-
-def tiny_embedder(path: Path, pooling: int = 1) -> Path:
-    """A tiny BERT-style header: an encoder with a pooling type (2 = cls, 4 = rank)."""
-    tensors: dict = {"token_embd.weight": (64, len(VOCAB)), "output_norm.weight": (64,)}
-    tensors.update(dense_layers(2, 64, 4, 4, 16, 128))
-    kv = {".context_length": 512, ".embedding_length": 64, ".block_count": 2, ".feed_forward_length": 128,
-          ".attention.head_count": 4, ".attention.layer_norm_epsilon": 1e-12, ".pooling_type": pooling,
-          ".attention.causal": False, "general.name": "tiny embedder", "general.file_type": 0}
-    return write_model(path, "bert", kv, tensors)
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +92,11 @@ def test_every_route_of_the_app_refuses_a_foreign_host_and_a_missing_token() -> 
 
 def test_capabilities_come_from_the_gguf_header(fake_root: Path, tmp_path: Path) -> None:
     chat = caps_from_header(read_header(fake_root / "models" / "fake-ok.gguf"))
-    assert (chat.kind, chat.fim, chat.launch_args()) == ("chat", False, ())
+    assert (chat.kind, chat.fim, kind_args(chat)) == ("chat", False, ())
     emb = caps_from_header(read_header(fake_root / "models" / "fake-embed.gguf"))
-    assert (emb.kind, emb.pooling, emb.launch_args()) == ("embedding", "mean", ("--embeddings", "--pooling", "mean"))
+    assert (emb.kind, emb.pooling, kind_args(emb)) == ("embedding", "mean", ("--embeddings", "--pooling", "mean"))
     rank = caps_from_header(read_header(tiny_embedder(tmp_path / "rank.gguf", pooling=4)))
-    assert (rank.kind, rank.launch_args()) == ("rerank", ("--reranking",))
+    assert (rank.kind, kind_args(rank)) == ("rerank", ("--reranking",))
     assert "embedding model" in chat.refusal("/v1/embeddings", "m").message
     assert "FIM" in chat.refusal("/infill", "m").message
     assert emb.refusal("/v1/chat/completions", "e").message.startswith("e is an embedding model")

@@ -12,11 +12,11 @@ import httpx
 import pytest
 from starlette.routing import Match
 
-from bostudio.daemon.app import build_app
 from bostudio.daemon.client import ROUTES, AsyncDaemonClient, DaemonClient, Route
-from bostudio.daemon.routes.control import DaemonInfo
-from bostudio.daemon.security import allowed_hosts
-from bostudio.daemon.supervisor import SupervisorOptions
+from bostudio.daemon.http.app import build_app
+from bostudio.daemon.http.routes.control import DaemonInfo
+from bostudio.daemon.http.security import allowed_hosts
+from bostudio.daemon.supervise.supervisor import SupervisorOptions
 from bostudio.errors import DaemonError
 
 NAMES = ["plain", "org/Repo-GGUF:Q4_K_M", "what?x=1", "a#b", "with space", "modèle-ü-模型", "a/b/stop",

@@ -12,12 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bostudio.daemon.fields import ALLOWED, allowed_body
-from bostudio.daemon.normalise import OUTPUT_FIELD, default_output_limit
+from bostudio.daemon.http.fields import ALLOWED, allowed_body
+from bostudio.daemon.http.normalise import OUTPUT_FIELD, default_output_limit
 from bostudio.errors import RequestError
 from tests.daemon_util import DaemonProc, fake_engine
 from tests.fake_llama_server import KILL_WORD
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 
 GUARD_S = 120.0  # hang guard for any one request
 # Fields llama-server reads from a request body that no public API defines (tools/server/server-schema.cpp):
@@ -121,7 +121,7 @@ def test_a_value_past_its_type_or_bound_gets_400_in_the_apis_shape(daemon: Daemo
 
 
 def test_every_route_has_an_allow_list_without_internal_fields() -> None:
-    from bostudio.daemon.routes.models import PASSTHROUGH_ROUTES
+    from bostudio.daemon.http.routes.models import PASSTHROUGH_ROUTES
 
     assert {p for p, *_ in PASSTHROUGH_ROUTES} <= set(ALLOWED)
     for route, fields in ALLOWED.items():

@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bostudio.daemon.limits import HttpLimits, json_depth_ok, parse_json_body, BodyError
+from bostudio.daemon.http.limits import HttpLimits, json_depth_ok, parse_json_body, BodyError
 from tests.daemon_util import DaemonProc, fake_engine
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 
 GUARD_S = 120.0  # hang guard for any one wait
 HEADER_S, BODY_S, KEEPALIVE_S = 2, 2, 2
@@ -340,7 +340,7 @@ def test_requests_abandoned_while_a_model_loads_are_dropped(daemon: DaemonProc) 
 
 
 def test_an_ollama_embed_abandoned_while_its_model_loads_is_dropped(daemon: DaemonProc, fake_root: Path) -> None:
-    from tests.test_daemon_api_faults import tiny_embedder
+    from bostudio.gguf.synth import tiny_embedder
 
     # /api/embed passed the client's request where Router.open takes the body: a hang-up cancelled nothing.
     tiny_embedder(fake_root / "models" / "fake-progress-embed.gguf")  # "progress": the fake loads for 3 s
@@ -484,7 +484,7 @@ def test_gguf_reads_refuse_a_fifo_before_opening_it(tmp_path: Path) -> None:
 
 
 def test_the_prompt_store_reads_only_what_it_wrote(tmp_path: Path) -> None:
-    from bostudio.daemon.slots import SlotStore, StoreError, state_key
+    from bostudio.daemon.supervise.slots import SlotStore, StoreError, state_key
 
     store = SlotStore(tmp_path / "store", cap_bytes=1 << 20)
     key = state_key(tiny_llama(tmp_path / "m.gguf"), "e", 1024)
@@ -526,7 +526,7 @@ def test_the_token_is_checked_before_any_body_is_read(tmp_path: Path, fake_root:
         assert d.stop() == 0
 
 
-# ------------------------------------------------------------------ second pass (issue 35)
+# ------------------------------------------------------------------ second pass: what the first one missed
 
 def test_setting_speculation_by_path_takes_the_same_model_path_check(daemon: DaemonProc, fake_root: Path) -> None:
     (fake_root / "elsewhere" / "notes.txt").write_text("not a model")
@@ -542,7 +542,7 @@ def test_setting_speculation_by_path_takes_the_same_model_path_check(daemon: Dae
 
 
 def test_a_lying_model_file_gets_422_at_once_not_the_crash_loop(daemon: DaemonProc, fake_root: Path) -> None:
-    from tests.gguf_factory import VOCAB, dense_layers, write_model
+    from bostudio.gguf.synth import VOCAB, dense_layers, write_model
 
     # A header whose own numbers rule out every plan: a KV cache of 2^20 heads of 2^20 values per layer.
     tensors: dict = {"token_embd.weight": (64, len(VOCAB)), "output_norm.weight": (64,),
@@ -574,7 +574,7 @@ def test_a_malformed_host_header_is_refused(daemon: DaemonProc, host: str) -> No
 
 
 def test_sockets_without_the_token_cannot_lock_the_token_holder_out(tmp_path: Path, fake_root: Path) -> None:
-    from bostudio.daemon.security import create_token, read_token
+    from bostudio.daemon.http.security import create_token, read_token
 
     token_file = create_token(tmp_path / "config" / "bostudio" / "token")
     token = read_token(token_file)
@@ -605,7 +605,7 @@ def test_sockets_without_the_token_cannot_lock_the_token_holder_out(tmp_path: Pa
 
 
 def test_recordings_are_owner_only_and_follow_no_planted_link(tmp_path: Path) -> None:
-    from bostudio.daemon.record import Recorder
+    from bostudio.daemon.http.record import Recorder
     from bostudio.errors import ConfigError
 
     victim = tmp_path / "victim.txt"
@@ -651,7 +651,7 @@ def test_the_suite_reads_nothing_of_the_users_own_dirs() -> None:
 
 
 def test_saved_prompt_states_are_owner_only(tmp_path: Path) -> None:
-    from bostudio.daemon.slots import SlotStore, state_key
+    from bostudio.daemon.supervise.slots import SlotStore, state_key
     from bostudio.runtime.process import ServerProcess
 
     # What a child llama-server writes (the slot files it saves: the prompts) is created under umask 077.

@@ -16,14 +16,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bostudio.daemon import policy, security, state
-from bostudio.daemon.guard import check_request
+from bostudio.daemon import state
+from bostudio.daemon.http import security
+from bostudio.daemon.http.guard import check_request
 from bostudio.daemon.service import install_unit, launchd_plist, systemd_unit
-from bostudio.daemon.stats import InstanceStats, timings_from_sse
-from bostudio.runtime.metrics import parse_metrics
+from bostudio.daemon.supervise import policy
+from bostudio.daemon.supervise.stats import InstanceStats, timings_from_sse
 from bostudio.errors import ConfigError, DaemonError, RequestError
+from bostudio.runtime.metrics import parse_metrics
 from bostudio.runtime.net import is_loopback
-from bostudio.runtime.process import CrashHistory, LoadWatch, process_matches, reap_group
+from bostudio.runtime.process import LoadWatch, process_matches, reap_group
 
 MIB = policy.MIB
 
@@ -178,27 +180,7 @@ def test_token_file_is_256_bit_user_only_and_compared_in_constant_time(tmp_path:
         security.read_token(path)
 
 
-# ---------------------------------------------------------------- crash bookkeeping and load watch
-
-def test_crash_history_backs_off_and_gives_up_after_five_in_a_minute() -> None:
-    h = CrashHistory()
-    delays = []
-    for t in range(4):
-        h.record(float(t))
-        delays.append(h.backoff())
-        assert not h.crash_loop()
-    assert delays == [0.25, 0.5, 1.0, 2.0]
-    h.record(4.0)
-    assert h.crash_loop()
-    spread = CrashHistory()
-    for t in (0.0, 20.0, 40.0, 61.0, 81.0):  # never 5 within 60 s
-        spread.record(t)
-    assert not spread.crash_loop()
-    capped = CrashHistory(limit=100)
-    for t in range(20):
-        capped.record(float(t))
-    assert capped.backoff() == capped.max_delay
-
+# ---------------------------------------------------------------- load watch (crash bookkeeping: test_lifecycle.py)
 
 def test_load_watch_progress_versus_stall() -> None:
     w = LoadWatch(stall_timeout=10, now=0)
@@ -280,6 +262,20 @@ def test_stats_from_timings_and_metrics() -> None:
     s.add_metrics(m)
     assert s.acceptance_rate == 0.75 and s.mean_accepted_length == 4.0  # 1 + 27 / 9
     assert "_decode_ms" not in s.to_json()
+
+
+def test_a_request_ending_after_a_scrape_keeps_the_metrics_rate() -> None:
+    """Once /metrics gave the rate, a request whose timings land before the next scrape leaves it alone:
+    the rate must not flip between the sum of timings and the child's own count."""
+    s = InstanceStats()
+    s.add_timings({"predicted_n": 4, "predicted_ms": 40.0, "draft_n": 4, "draft_n_accepted": 4})
+    assert s.acceptance_rate == 1.0
+    s.add_metrics({"spec_decode_num_draft_tokens_total": 10.0, "spec_decode_num_accepted_tokens_total": 8.0,
+                   "spec_decode_num_drafts_total": 4.0})
+    assert s.acceptance_rate == pytest.approx(0.8)
+    s.add_timings({"predicted_n": 4, "predicted_ms": 40.0, "draft_n": 4, "draft_n_accepted": 2})
+    assert s.acceptance_rate == pytest.approx(0.8)
+    assert (s.draft_tokens, s.draft_accepted) == (8, 6)  # the per-request sums still count
 
 
 def test_timings_found_in_the_last_sse_event() -> None:

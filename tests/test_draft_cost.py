@@ -11,13 +11,13 @@ import pytest
 from bostudio.engine.discover import KNOWN_SPEC_TYPES
 from bostudio.gguf import describe
 from bostudio.hardware.device import Device
-from bostudio.pairing.compat import check_compatibility
-from bostudio.pairing.cost import (CPU_VERIFY_PER_TOKEN, MAX_STEP_COST, best_draft_length, draft_break_even,
+from bostudio.pairing.core.compat import check_compatibility
+from bostudio.pairing.core.cost import (CPU_VERIFY_PER_TOKEN, MAX_STEP_COST, best_draft_length, draft_break_even,
                                    draft_step_cost, expected_tokens, weight_bytes_per_token)
-from bostudio.pairing.select import DraftFile, select
-from bostudio.pairing.table import PairingTable, load_table_file, shipped_table_path
+from bostudio.pairing.core.select import DraftFile, select
+from bostudio.pairing.core.table import PairingTable, load_table_file, shipped_table_path
 from bostudio.speculation import SpecRequest
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 
 GB = 10**9
 

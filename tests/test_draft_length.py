@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bostudio.daemon.policy import (KEEP, LONGER, OFF, SHORTER, adapt_draft_length, judge_acceptance)
+from bostudio.daemon.supervise.policy import (KEEP, LONGER, OFF, SHORTER, adapt_draft_length, judge_acceptance)
 from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.speculation import Speculator, draft_length, draft_length_ceiling, with_draft_length
 from bostudio.tui.format import draft_length_line, speculation_banner
@@ -104,9 +104,11 @@ def test_daemon_shortens_drafts_when_idle_then_drops_them_at_the_floor(tmp_path:
     relaunched at the next idle moment with that length; speculation is not switched off for it."""
     import asyncio
 
-    from bostudio.daemon.events import EventBus
-    from bostudio.daemon.stats import InstanceStats
-    from bostudio.daemon.supervisor import READY, Instance, ModelConfig, Supervisor, SupervisorOptions
+    from bostudio.daemon.supervise.events import EventBus
+    from bostudio.daemon.supervise.stats import InstanceStats
+    from bostudio.daemon.supervise.instance import Instance, ModelConfig
+    from bostudio.daemon.supervise.lifecycle import READY, Life
+    from bostudio.daemon.supervise.supervisor import Supervisor, SupervisorOptions
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     bus = EventBus()
@@ -118,17 +120,17 @@ def test_daemon_shortens_drafts_when_idle_then_drops_them_at_the_floor(tmp_path:
 
     sup.restart = restart  # type: ignore[method-assign]
     cfg = ModelConfig("m", tmp_path / "m.gguf", 4096, "auto")
-    inst = Instance(cfg, state=READY, speculator=NGRAM_MOD)
+    inst = Instance(cfg, life=Life("m", state=READY), speculator=NGRAM_MOD)
     inst.stats = InstanceStats(requests=10, draft_tokens=6400, draft_accepted=640, mean_accepted_length=5.0)
     inst.active = 1
     sup.instances["m"] = inst
-    asyncio.run(sup._check_speculation(inst))
+    asyncio.run(sup.check_speculation(inst))
     row = inst.to_json()
     assert restarted == [] and row["draft_length"]["advice"]["action"] == "shorter"
     assert row["draft_length"]["advice"]["n_max"] == 8 and row["draft_length"]["n_max"] == 64
     assert any("drafts of 8 tokens when idle" in e["message"] for e in bus.recent if e["type"] == "speculation")
     inst.active = 0
-    asyncio.run(sup._check_speculation(inst))
+    asyncio.run(sup.check_speculation(inst))
     assert restarted == ["m"] and cfg.draft_len == 8 and cfg.draft_len_failed == 64 and cfg.auto_off is None
     # a new workload starts again from the plan's length
     sup.configs["m"] = cfg

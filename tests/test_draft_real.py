@@ -44,11 +44,11 @@ def test_pair_shows_what_tune_refused_and_by_how_much(engine, tmp_state: Path, t
 
     from bostudio.bench.tune import Candidate, Tally, choose_config, ranked_profile
     from bostudio.bench.measure import OFF, Sample
-    from bostudio.pairing.pair import choose
+    from bostudio.pairing.edge.pair import choose
     from bostudio.profiles import ModelIdentity, Profile, engine_identity, save_profile
     from bostudio.gguf import describe
     from bostudio.speculation import SpecRequest, Speculator
-    from tests.gguf_factory import tiny_llama
+    from bostudio.gguf.synth import tiny_llama
 
     model = tiny_llama(tmp_path / "m.gguf", n_layer=2)
 
@@ -77,7 +77,7 @@ def test_pair_shows_what_tune_refused_and_by_how_much(engine, tmp_state: Path, t
 
 def test_tune_sweeps_the_draft_the_pairing_finds_even_when_auto_passes_it_over(engine, tmp_state: Path,
                                                                                qwen_pair: tuple[Path, Path]) -> None:
-    from bostudio.cli_bench import _paired_draft
+    from bostudio.cli.bench import _paired_draft
 
     target, draft = qwen_pair
 

@@ -8,7 +8,7 @@ import gguf
 import pytest
 
 from bostudio.gguf import describe, read_header
-from tests.gguf_factory import VOCAB, tiny_llama
+from bostudio.gguf.synth import VOCAB, tiny_llama
 
 
 def test_llama_dense(tmp_path: Path) -> None:
@@ -139,7 +139,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_describe_table(tmp_path: Path, case) -> None:
-    from tests.gguf_factory import write_model
+    from bostudio.gguf.synth import write_model
 
     _, arch, kv, tensors, expected = case
     m = describe(write_model(tmp_path / "m.gguf", arch, kv, tensors))

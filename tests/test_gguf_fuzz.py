@@ -4,7 +4,7 @@ Each must either parse (and describe) or raise GGUFFormatError: no other excepti
 small bound, and no read beyond the file (the reader is lazy and bounded: it never asks for more than a
 file holds, whatever a count or length in it claims). The seed changes every run and is printed on failure;
 set GGUF_FUZZ_SEED to replay one. Speed is not asserted here (it depends on the machine):
-scripts/bench_describe.py measures it; a hang would still end the run at pytest's timeout.
+benchmarks/bench_describe.py measures it; a hang would still end the run at pytest's timeout.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 from bostudio.errors import GGUFFormatError
 from bostudio.gguf import BytesSource, describe_header, parse_header
-from tests.gguf_factory import dense_layers, write_model
+from bostudio.gguf.synth import dense_layers, write_model
 
 CASES = 2000
 MAX_ALLOC = 1024 * 1024  # bytes allocated while reading one 8 KB file

@@ -8,7 +8,7 @@ import pytest
 
 from bostudio.errors import GGUFFormatError
 from bostudio.gguf import describe, read_header, split_part_names
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 
 
 def test_split_parts_read_as_one_model(tmp_path: Path) -> None:

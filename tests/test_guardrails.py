@@ -15,11 +15,11 @@ import pytest
 from bostudio.engine.discover import KNOWN_SPEC_TYPES
 from bostudio.errors import ConfigError
 from bostudio.gguf import describe
-from bostudio.pairing.guardrails import GuardrailContext, load_allowed, load_guardrails, parse_guardrails
-from bostudio.pairing.select import select
-from bostudio.pairing.table import PairingTable, load_table_file, shipped_table_path
+from bostudio.pairing.core.guardrails import GuardrailContext, load_allowed, load_guardrails, parse_guardrails
+from bostudio.pairing.core.select import select
+from bostudio.pairing.core.table import PairingTable, load_table_file, shipped_table_path
 from bostudio.speculation import SpecRequest, Speculator
-from tests.gguf_factory import tiny_glm4moe_mtp
+from bostudio.gguf.synth import tiny_glm4moe_mtp
 
 DATA = Path(__file__).parent / "data" / "guardrails"
 RULES = load_guardrails()
@@ -127,7 +127,7 @@ def test_pair_explains_a_rule_for_a_sycl_plan(tmp_path: Path, mtp_target) -> Non
     """`bostudio pair` on a machine whose devices run SYCL: the rule, its issue number and the override."""
     from bostudio.engine.discover import Engine
     from bostudio.hardware.device import Device
-    from bostudio.pairing.pair import choose
+    from bostudio.pairing.edge.pair import choose
 
     engine = Engine(path=Path("/nonexistent/llama-server"), source="path", spec_types=KNOWN_SPEC_TYPES)
     sycl = (Device(vendor="intel", backend="sycl", name="Arc A770", index=0, total_bytes=16 << 30,

@@ -21,36 +21,19 @@ import pytest
 from bostudio.profiles import default_workload
 from bostudio.catalog.resolve import model_name
 from bostudio.cli import main
-from bostudio.daemon.supervisor import decide_child
+from bostudio.daemon.supervise.launching import decide_child
 from bostudio.gguf import describe
-from bostudio.pairing.pair import record_self_draft
+from bostudio.pairing.edge.pair import record_self_draft
 from bostudio.rpc.probe import discover_pool
 from bostudio.rpc.workers import workers_from_config
 from bostudio.up import UpOptions, prepare_launch
+from tests.argv_util import comparable
 from tests.daemon_util import DaemonProc
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 from tests.netutil import free_port
 
 GEMMA = "gemma-3-270m-q4_k_m"
-# What differs between two launches of the same decision: where they listen, what they are called,
-# their key, and where files are (the model by path or by the daemon's models dir, the slot store).
-VARYING = {"--port", "--alias", "--api-key", "-m", "-md", "--slot-save-path", "--host"}
 FLAGS = ("-c", "-ngl", "-np", "-fit", "-kvu", "-ctk", "-ctv", "--spec-type")
-
-
-def comparable(argv: list[str]) -> list[str]:
-    """argv without the binary and the values that may differ between launches."""
-    out, skip = [], False
-    for a in argv[1:]:
-        if skip:
-            skip = False
-            continue
-        if a in VARYING:
-            out.append(a)
-            skip = True
-            continue
-        out.append(a)
-    return out
 
 
 def flag_values(argv: list[str]) -> dict[str, str | None]:
@@ -70,7 +53,7 @@ def three_ways(model: Path, engine, capsys: pytest.CaptureFixture[str], extra: l
     workers = workers_from_config()
     pool = discover_pool(engine, workers) if workers else None
     kw = {"pool": pool} if pool is not None else {}
-    # what Supervisor._launch_once decides for a model with the default config (spec auto, ctx None)
+    # what EffectsRunner.launch_once decides for a model with the default config (spec auto, ctx None)
     workload = default_workload(model_name(model))
     daemon = decide_child(info, engine, "auto", None, "f16", workload=workload, **kw).argv(port=1234, alias="x")
     assert main(["plan", str(model), "--json", *extra]) == 0

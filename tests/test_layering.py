@@ -4,7 +4,7 @@ above its own, imports inside functions included.
 In the spirit of import-linter's contracts (harlequin keeps its UI-free core that way), done with an AST walk
 so that no tool is needed: every `import` and `from ... import` anywhere in a module (top level, functions,
 `if TYPE_CHECKING:` blocks), relative forms resolved, and `importlib.import_module("literal")`. LAYERS below is
-the order, bottom first; the design note (DESIGN.md, "Layers") describes it in words.
+the order, bottom first; docs/architecture.md ("Layers") describes it in words.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent / "bostudio"
 # Bottom first. A module may import its own component and any component of a lower layer. The components of
 # one layer are independent: they may not import each other (import-linter's `a | b`). A component is a set of
 # module names; each also covers the modules below it (a package), and the longest name that matches decides,
-# so "bostudio.pairing" is the pairing core and "bostudio.pairing.fetch" the edge. "bostudio" alone is only the
-# package's own __init__ (the version).
+# so "bostudio.pairing.core" is the pairing core and "bostudio.pairing.edge" the edge, whatever modules each
+# folder holds. "bostudio" alone is only the package's own __init__ (the version).
 LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {"errors": ("bostudio", "bostudio.errors")},
     # where things live, whole-file writes, showing untrusted text
@@ -33,21 +33,32 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {"config": ("bostudio.config",)},
     # GGUF headers, devices, what a speculator is
     {"gguf": ("bostudio.gguf",), "hardware": ("bostudio.hardware",), "speculation": ("bostudio.speculation",)},
-    # the pure memory model: below the pairing core, which prices speculators with it (pairing.cost)
+    # the pure memory model: below the pairing core, which prices speculators with it (pairing.core.cost)
     {"planner": ("bostudio.planner",)},
-    {"pairing core": ("bostudio.pairing", "bostudio.pairing.compat", "bostudio.pairing.cost",
-                      "bostudio.pairing.guardrails", "bostudio.pairing.select", "bostudio.pairing.table")},
+    # pairing/core/: pairings.toml schema, compatibility, candidate costs, guardrails, select()
+    {"pairing core": ("bostudio.pairing", "bostudio.pairing.core")},
     {"catalog": ("bostudio.catalog",), "engine": ("bostudio.engine",), "runtime": ("bostudio.runtime",)},
     # rpc probes workers through the engine and runs rpc-server with runtime; the profile store is keyed
     # by the engine build and read by the pairing edge, up, the daemon and bench, and written by tune
     {"rpc": ("bostudio.rpc",), "profiles": ("bostudio.profiles",)},
-    {"pairing edge": ("bostudio.pairing.pair", "bostudio.pairing.probe", "bostudio.pairing.fetch")},
+    # pairing/edge/: pair (local files, the engine's tools), probe (tokenizers), fetch (the hub)
+    {"pairing edge": ("bostudio.pairing.edge",)},
     {"launch": ("bostudio.launch",)},
-    {"up": ("bostudio.up",), "daemon": ("bostudio.daemon",), "bench": ("bostudio.bench",)},
+    # the daemon's modules beside its two halves: its defaults, the pid/state file, which paths the control
+    # API may load
+    {"daemon core": ("bostudio.daemon", "bostudio.daemon.state",
+                     "bostudio.daemon.modelpaths")},
+    # supervision of the children (lifecycle, effects, policy, stats, events) knows nothing of HTTP ...
+    {"daemon supervise": ("bostudio.daemon.supervise",)},
+    # ... and the HTTP edge (app, limits, auth, Host/Origin, field allow-list, routes) asks it for children
+    {"daemon http": ("bostudio.daemon.http",)},
+    # the daemon process (serve, start/stop in the background) wires both; its client is what the CLI uses
+    {"up": ("bostudio.up",), "daemon": ("bostudio.daemon.service", "bostudio.daemon.client"),
+     "bench": ("bostudio.bench",)},
     # clients of the daemon: the TUI talks to it through its client; `launch AGENT` points an agent CLI at it
     {"tui": ("bostudio.tui",), "agents": ("bostudio.agents",)},
     # the CLI opens the TUI (`bostudio` alone)
-    {"cli": ("bostudio.cli", "bostudio.cli_bench", "bostudio.cli_launch", "bostudio.__main__")},
+    {"cli": ("bostudio.cli", "bostudio.__main__")},
 )
 
 # Imports that break the order and wait for another branch, each with who removes it and why.
@@ -56,7 +67,9 @@ ALLOWED: dict[tuple[str, str], str] = {}
 # The pure core: no process, network or UI library, at any level of the code (DESIGN.md: "planner/, pairing/
 # and gguf/describe import no httpx, psutil, pynvml or subprocess"). Hardware's probes are I/O; its Device is not.
 PURE_COMPONENTS = ("errors", "paths", "files", "display", "config", "gguf", "speculation", "planner", "pairing core")
-PURE_MODULES = ("bostudio.hardware", "bostudio.hardware.device")
+PURE_MODULES = ("bostudio.hardware", "bostudio.hardware.device",
+                # the supervisor's decisions: its lifecycle table and its eviction/idle/speculation policy
+                "bostudio.daemon.supervise.lifecycle", "bostudio.daemon.supervise.policy")
 IO_LIBRARIES = ("httpx", "psutil", "pynvml", "amdsmi", "subprocess", "socket", "textual", "uvicorn", "starlette",
                 "huggingface_hub", "llama_cpp")
 
@@ -248,6 +261,26 @@ def test_the_pure_core_imports_no_io_library_anywhere_in_its_code() -> None:
     assert not bad, "\n".join(bad)
 
 
+def test_only_the_effects_runner_starts_stops_or_connects_to_children() -> None:
+    """DESIGN.md: the supervisor decides purely and acts through effects. Within daemon/supervise, no module but
+    effects.py creates a ServerProcess, opens a socket or a client of its own to a child."""
+    child_io = ("subprocess", "socket", "bostudio.runtime.net", "bostudio.runtime.verify", "bostudio.runtime.passthrough")
+    files = module_files()
+    bad = [f"{i.module}:{i.line} imports {i.target}" for i in import_graph()
+           if i.module.startswith("bostudio.daemon.supervise.") and i.module != "bostudio.daemon.supervise.effects"
+           and i.target in child_io]
+    for name, path in files.items():
+        if not name.startswith("bostudio.daemon.supervise.") or name == "bostudio.daemon.supervise.effects":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+                if called in ("ServerProcess", "AsyncLlamaClient", "LlamaClient", "AsyncClient", "Popen"):
+                    bad.append(f"{name}:{node.lineno} calls {called}")
+    assert not bad, "\n".join(bad)
+
+
 def test_only_the_tui_imports_textual() -> None:
     bad = [f"{i.module}:{i.line}" for i in import_graph()
            if i.target in ("textual", "textual_plotext", "plotext", "rich")
@@ -256,8 +289,10 @@ def test_only_the_tui_imports_textual() -> None:
 
 
 @pytest.mark.parametrize("module", ["bostudio.planner", "bostudio.planner.render", "bostudio.pairing",
-                                    "bostudio.pairing.cost", "bostudio.gguf", "bostudio.gguf.describe",
-                                    "bostudio.speculation", "bostudio.config", "bostudio.files", "bostudio.hardware"])
+                                    "bostudio.pairing.core", "bostudio.pairing.core.cost",
+                                    "bostudio.pairing.core.select", "bostudio.gguf", "bostudio.gguf.describe",
+                                    "bostudio.speculation", "bostudio.config", "bostudio.files", "bostudio.hardware",
+                                    "bostudio.daemon.supervise.lifecycle"])
 def test_the_pure_core_loads_no_io_library(module: str) -> None:
     """At run time, in a fresh interpreter: what importing the module really loads (its imports' imports too)."""
     code = (f"import sys, {module}\n"

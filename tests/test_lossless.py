@@ -1,6 +1,6 @@
 """Lossless: with greedy sampling, speculation changes no output token. Proven exactly on full precision.
 
-Why full precision (measured for issue 9): on the embedded Q4_K_M file, greedy output with a self-draft
+Why full precision (measured): on the embedded Q4_K_M file, greedy output with a self-draft
 (`--spec-type draft-simple`, the model as its own draft, `--spec-draft-n-max 8`) departs from the output
 without speculation on all 4 prompts tried on an AVX-512 AMD EPYC, at margins of 0.358, 0.050 and 0.341 nats;
 on the fourth prompt speculation took the third candidate, 0.22 nats behind the best. Evaluating the same
@@ -10,7 +10,7 @@ layouts, tiled matrix-matrix against matrix-vector kernels), and those paths dif
 so no margin tuned on one CPU holds on another.
 
 Dequantized copies (the engine's `llama-quantize --allow-requantize IN OUT TYPE`) differ only in the order
-floating-point sums are taken, so they depart only at real ties. `scripts/check_precision.py`, 4 prompts x
+floating-point sums are taken, so they depart only at real ties. `benchmarks/check_precision.py`, 4 prompts x
 128 tokens, the Q4_K_M file drafting (`-np 1`), on this machine's two engines:
 
 | weights | native (AVX-512) | portable (AVX2, GGML_NATIVE=OFF) |
@@ -39,18 +39,17 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import openai
 import pytest
 
-from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.runtime.client import LlamaClient
-from bostudio.runtime.process import ServerProcess
+from benchmarks.lossless import (GREEDY, N_PREDICT, PROMPTS, TIMEOUT_S, Greedy, assert_lossless, first_difference,
+                                 launch)
+from bostudio.gguf.synth import tiny_glm4moe_mtp
 from bostudio.speculation import Speculator
 from tests.daemon_util import DaemonProc
-from tests.gguf_factory import tiny_glm4moe_mtp
 from tests.netutil import free_port
 from tests.test_pairing_servers import spec_counter
 from tests.test_up import Up
@@ -58,84 +57,8 @@ from tests.test_up import Up
 # Full precision decodes slower than Q4_K_M; a loaded machine may be far slower than an idle one.
 pytestmark = pytest.mark.timeout(1800)
 
-TIE_NATS = 0.01  # a real tie: the baseline's top two candidates closer than this
-N_PREDICT = 128
-TIMEOUT_S = 900  # per request: a loaded shared CI machine can be many times slower than a desktop
-PROMPTS = {
-    # Code with repetition: n-gram speculation drafts here.
-    "code-classes": (
-        "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
-        "        self.items.append(item)\n\n    def pop(self):\n        return self.items.pop()\n\n"
-        "    def peek(self):\n        return self.items[-1]\n\n    def __len__(self):\n"
-        "        return len(self.items)\n\n\nclass Queue:\n    def __init__(self):\n"),
-    # Measured: a 0.005-nat tie at token 11 under `-np 4 -kvu`.
-    "code-dijkstra": "import heapq\n\ndef dijkstra(graph, start):\n    dist = {start: 0}\n    queue = [(0, start)]\n",
-    "prose-fisherman": "Once upon a time, in a small village by the sea, there lived an old fisherman who",
-    "prose-press": ("The printing press changed how ideas travelled across Europe. Before it, a book was "
-                    "copied by hand, and"),
-}
 # The same two requests go through `up` and through the daemon.
 END_TO_END = ("code-classes", "prose-fisherman")
-GREEDY = {"temperature": 0.0, "top_k": 1, "seed": 0, "ignore_eos": True}
-
-
-@dataclass(frozen=True)
-class Greedy:
-    """A greedy generation: its tokens, and per position the top candidates (id, logprob), best first."""
-
-    tokens: list[int]
-    top: list[list[tuple[int, float]]]
-    timings: dict
-
-    @staticmethod
-    def from_native(resp: dict) -> "Greedy":
-        """From llama-server's /completion with return_tokens (and n_probs, for a baseline)."""
-        probs = resp.get("completion_probabilities") or []
-        return Greedy(resp["tokens"], [_candidates(p) for p in probs], resp.get("timings", {}))
-
-    @staticmethod
-    def from_openai(resp: dict) -> "Greedy":
-        """From /v1/completions with `logprobs`: llama-server puts token ids in logprobs.content."""
-        content = resp["choices"][0]["logprobs"]["content"]
-        return Greedy([c["id"] for c in content], [_candidates(c) for c in content], resp.get("timings", {}))
-
-
-def _candidates(entry: dict) -> list[tuple[int, float]]:
-    return sorted(((t["id"], t["logprob"]) for t in entry["top_logprobs"]), key=lambda c: -c[1])
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def assert_lossless(base: Greedy, spec: Greedy, where: str) -> None:
-    """`spec`'s tokens equal `base`'s, or first depart at a real tie of the baseline's top two candidates."""
-    i = first_difference(base.tokens, spec.tokens)
-    if i is None:
-        return
-    at = f"{where}: speculative output departs from the baseline at token {i} of {len(base.tokens)}"
-    assert i < len(base.tokens) and i < len(spec.tokens), f"{at}: one output is a prefix of the other"
-    top = base.top[i]
-    assert len(top) >= 2, f"{at}: the baseline has no second candidate to tie with"
-    (best_id, best), (second_id, second) = top[0], top[1]
-    margin = best - second
-    assert margin < TIE_NATS and spec.tokens[i] in (best_id, second_id), (
-        f"{at}: it took token {spec.tokens[i]} where the baseline's top two were {best_id} and {second_id}, "
-        f"{margin:.4f} nats apart (a tie is < {TIE_NATS}): speculation changed the output")
-
-
-# ----------------------------------------------------------------- servers on full precision
-
-def launch(engine, model: Path, name: str, sp: Speculator, logs: Path, ctx: int = 2048) -> ServerProcess:
-    port = free_port()
-    # One slot each, so every request sees the same fresh state.
-    spec = LaunchSpec(model=model, alias=name, port=port, ctx=ctx, speculator=sp, n_parallel=1)
-    proc = ServerProcess(build_argv(engine.path, engine.flags, spec), port, logs / f"{name}.log")
-    proc.start()
-    return proc
 
 
 @contextmanager

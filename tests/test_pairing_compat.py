@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from bostudio.gguf import describe
-from bostudio.pairing.compat import check_compatibility
-from bostudio.pairing.probe import compare_ids, probe_tokenization
-from tests.gguf_factory import VOCAB, bpe_vocab, vocab_model
+from bostudio.pairing.core.compat import check_compatibility
+from bostudio.pairing.edge.probe import compare_ids, probe_tokenization
+from bostudio.gguf.synth import VOCAB, bpe_vocab, vocab_model
 
 BASE = dict(tokens=VOCAB)
 

@@ -1,6 +1,6 @@
 """Real drafters from the hub: the shipped table's verified refs, the pull policy, header-first format checks,
-sha256-checked and resumable pulls, fallbacks that say why. Against the fake hub on 127.0.0.1 (tests/hubserver.py)
-serving synthetic drafters (tests/gguf_factory.py) under the shipped table's repo names."""
+sha256-checked and resumable pulls, fallbacks that say why. Against the fake hub on 127.0.0.1 (benchmarks/hubserver.py)
+serving synthetic drafters (bostudio/gguf/synth.py) under the shipped table's repo names."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from bostudio.catalog.hubfiles import parse_ref
 from bostudio.engine.discover import Engine
 from bostudio.errors import ConfigError
 from bostudio.gguf import describe
-from bostudio.pairing.fetch import (DrafterOffer, choose_and_fetch, interactive_ask, resolve_pull_policy,
+from bostudio.pairing.edge.fetch import (DrafterOffer, choose_and_fetch, interactive_ask, resolve_pull_policy,
                                     table_hub_report)
-from bostudio.pairing.table import (CANDIDATE_KINDS, PairingTableError, hub_ref_problem, load_table_file,
+from bostudio.pairing.core.table import (CANDIDATE_KINDS, PairingTableError, hub_ref_problem, load_table_file,
                                     parse_table, shipped_table_path)
 from bostudio.speculation import SPEC_TYPE_ORDER, SpecRequest
-from tests.gguf_factory import tiny_drafter, tiny_glm4moe_mtp, tiny_llama, write_model
-from tests.hubserver import FakeHub, HubServer, use_hub
+from bostudio.gguf.synth import tiny_drafter, tiny_glm4moe_mtp, tiny_llama, write_model
+from benchmarks.hubserver import FakeHub, HubServer, use_hub
 from tests.netutil import free_port
 
 DFLASH_REPO = "abhinand/Qwen3.6-35B-A3B-DFlash-GGUF"  # the shipped table's ref for Qwen3.6-35B-A3B
@@ -343,7 +343,8 @@ def test_up_pull_never_and_pair_say_why_nothing_was_downloaded(hub: FakeHub, tar
 
 
 def test_the_daemon_never_asks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from bostudio.cli import _daemon_args, _daemon_options, build_parser
+    from bostudio.cli import build_parser
+    from bostudio.cli.daemon import _daemon_args, _daemon_options
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     args = build_parser().parse_args(["daemon"])
@@ -351,7 +352,7 @@ def test_the_daemon_never_asks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     args = build_parser().parse_args(["daemon", "--pull", "always"])
     assert _daemon_options(args).supervisor.pull == "always"
     # The TUI's launches run in the daemon it starts: its --pull becomes that daemon's.
-    from bostudio.cli import tui_daemon_args
+    from bostudio.cli.daemon import tui_daemon_args
 
     assert tui_daemon_args(build_parser().parse_args(["tui", "--pull", "always"])) == ["--pull", "always"]
     assert tui_daemon_args(build_parser().parse_args(["tui"])) == []

@@ -14,12 +14,12 @@ from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.engine.discover import KNOWN_SPEC_TYPES
 from bostudio.errors import ConfigError
 from bostudio.gguf import describe
-from bostudio.pairing.compat import check_compatibility
-from bostudio.pairing.cost import speculator_memory_bytes
-from bostudio.pairing.select import DraftFile, select
-from bostudio.pairing.table import load_table_file, parse_table, shipped_table_path
+from bostudio.pairing.core.compat import check_compatibility
+from bostudio.pairing.core.cost import speculator_memory_bytes
+from bostudio.pairing.core.select import DraftFile, select
+from bostudio.pairing.core.table import load_table_file, parse_table, shipped_table_path
 from bostudio.speculation import SpecRequest, Speculator
-from tests.gguf_factory import BYTE_VOCAB, BYTE_VOCAB_TYPES, VOCAB, tiny_drafter, tiny_glm4moe_mtp, tiny_llama, vocab_model
+from bostudio.gguf.synth import BYTE_VOCAB, BYTE_VOCAB_TYPES, VOCAB, tiny_drafter, tiny_glm4moe_mtp, tiny_llama, vocab_model
 
 ALL = KNOWN_SPEC_TYPES
 SHIPPED = load_table_file(shipped_table_path())
@@ -138,7 +138,7 @@ def test_combined_ngram_and_draft_follow_llama_cpp_order(files) -> None:
 
 
 def test_costs_come_from_the_planner(files) -> None:
-    from bostudio.pairing.cost import speculator_memory_bytes
+    from bostudio.pairing.core.cost import speculator_memory_bytes
 
     target, small = describe(files["target"]), describe(files["small"])
     draft = Speculator("draft", ("draft-simple",), draft=small.path, n_max=8)
@@ -210,7 +210,7 @@ def test_pair_refuses_an_incompatible_pair(tmp_path: Path) -> None:
 
 def test_pairing_core_is_pure() -> None:
     """The table, the compatibility rules and select() start no process and open no connection."""
-    code = ("import sys, bostudio.pairing, bostudio.pairing.cost; "
+    code = ("import sys, bostudio.pairing, bostudio.pairing.core.cost; "
             "bad = {'httpx', 'subprocess', 'psutil', 'pynvml', 'llama_cpp', 'textual'} & set(sys.modules); "
             "print(sorted(bad))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -13,12 +13,12 @@ import pytest
 
 from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.gguf import describe
-from bostudio.pairing.pair import choose, make_self_draft, record_self_draft
-from bostudio.pairing.table import user_table_path
+from bostudio.pairing.edge.pair import choose, make_self_draft, record_self_draft
+from bostudio.pairing.core.table import user_table_path
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.process import ServerProcess
 from bostudio.speculation import SpecRequest, Speculator
-from tests.gguf_factory import tiny_glm4moe_mtp
+from bostudio.gguf.synth import tiny_glm4moe_mtp
 from tests.netutil import free_port
 
 N_PREDICT = 32

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.gguf_factory import tiny_llama
-from bostudio.pairing.table import (PairingTableError, load_pairings, load_table_file, shipped_table_path,
+from bostudio.gguf.synth import tiny_llama
+from bostudio.pairing.core.table import (PairingTableError, load_pairings, load_table_file, shipped_table_path,
                                     user_table_path)
 
 DATA = Path(__file__).parent / "data" / "pairings"

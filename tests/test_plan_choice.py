@@ -1,5 +1,5 @@
 """One choice everywhere: `bostudio plan`, `bostudio pair`, `bostudio up` (bostudio.launch) and the
-daemon (supervisor.decide_child) pick the same speculator, because all of them ask pairing.pair.choose.
+daemon (launching.decide_child) pick the same speculator, because all of them ask pairing.edge.pair.choose.
 Checked over four kinds of model: the embedded Gemma, a synthetic NextN (MTP) model, a target whose draft
 the user's pairings.toml names, and a model with no candidate of its own (no MTP head, no draft)."""
 
@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from bostudio.cli import main
-from bostudio.daemon.supervisor import decide_child
+from bostudio.daemon.supervise.launching import decide_child
 from bostudio.gguf import describe
 from bostudio.launch import LaunchIntent, gather_and_decide
-from bostudio.pairing.fetch import pair_model
-from bostudio.pairing.pair import record_self_draft
+from bostudio.pairing.edge.fetch import pair_model
+from bostudio.pairing.edge.pair import record_self_draft
 from bostudio.speculation import SpecRequest
-from tests.gguf_factory import tiny_glm4moe_mtp, tiny_llama
+from bostudio.gguf.synth import tiny_glm4moe_mtp, tiny_llama
 
 
 @pytest.fixture(scope="module")

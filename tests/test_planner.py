@@ -15,13 +15,14 @@ from hypothesis import strategies as st
 
 from bostudio.cli import main
 from bostudio.errors import ConfigError, PlanError
+from bostudio.engine.argv import plan_args
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware.device import GIB, MIB, Device
 from bostudio.planner import (CACHE_TYPES, MTP_SPEC, NO_SPEC, ContextSettings, Intent, kv_cache_bytes,
-                              largest_ctx, memory_uses, plan, plan_for_launch, recurrent_state_bytes)
+                              largest_ctx, memory_uses, plan, recurrent_state_bytes)
 from bostudio.planner.memory import cache_type, context_shape, weight_split
 from bostudio.speculation import NGRAM, Speculator
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +232,7 @@ def test_auto_keeps_a_draft_that_leaves_the_minimum_context(base: ModelInfo) -> 
     assert p.spec_cost_tokens > 0 and p.without_spec.n_ctx > p.with_spec.n_ctx
     assert p.cost_line.startswith("the draft d.gguf costs ") and "tokens of context" in p.cost_line
     assert p.chosen.speculator == draft_spec(info)  # what to launch
-    args = p.llama_args()
+    args = plan_args(p)
     assert args[args.index("-c") + 1] == str(p.chosen.n_ctx)
     assert args[args.index("-ngld") + 1] == "17"
     for flag in ("-ngl", "-ctk", "-ctv", "-ctkd", "-ctvd", "-kvu", "-np"):
@@ -267,7 +268,7 @@ def test_mtp_needs_nextn_layers(base: ModelInfo) -> None:
 
 
 def _fa(p) -> str:  # type: ignore[no-untyped-def]
-    args = p.llama_args()
+    args = plan_args(p)
     return args[args.index("-fa") + 1]
 
 
@@ -303,15 +304,20 @@ def test_flash_attention_stays_on_a_cpu_when_its_memory_would_cost_context(base:
     assert _fa(p) == "on" and f"only {off.chosen.n_ctx} tokens fit" in p.flash_attn_why
 
 
-def test_plan_for_launch_gives_the_launch_flags(base: ModelInfo) -> None:
+def test_the_launch_decision_gives_the_plans_flags(base: ModelInfo) -> None:
+    from bostudio.engine.discover import Engine
+    from bostudio.launch import LaunchInputs, LaunchIntent, decide
+
+    engine = Engine(Path("/x"), "explicit")
     m = shape(base, n_layer=8, layer_bytes=10 * MIB, n_nextn=1)
-    p = plan_for_launch(m, GPU24, ctx=8192, cache_type="q8_0", speculator=MTP_SPEC)
-    args = p.llama_args()
+    p = decide(LaunchInputs(m, engine, GPU24, MTP_SPEC, intent=LaunchIntent(ctx=8192, cache_type="q8_0"))).plan
+    args = plan_args(p)
     assert args[:4] == ["-c", "8192", "-ngl", "10"]  # 8 trunk + 1 NextN layer + output
     assert ["-ctk", "q8_0", "-ctv", "q8_0"] == args[args.index("-ctk"):args.index("-ctk") + 4]
     assert args[args.index("-fa") + 1] == "on"  # a quantized V cache needs flash attention
     with pytest.raises(PlanError, match="does not fit"):
-        plan_for_launch(shape(base, n_layer=80, layer_bytes=2 * GIB), (Device("cpu", "cpu", "h", 0, 16 * GIB),))
+        decide(LaunchInputs(shape(base, n_layer=80, layer_bytes=2 * GIB), engine,
+                            (Device("cpu", "cpu", "h", 0, 16 * GIB),), NO_SPEC))
 
 
 def test_context_shape_non_unified() -> None:

@@ -2,7 +2,7 @@
 
 Small synthetic GGUFs (llama.cpp's `test-llama-archs -o`, plus NextN and draft variants written with
 gguf-py) and the real Gemma 270M file are loaded in the real llama-server with the flags the plan
-itself emits (`Plan.llama_args()`); the server's `-lv 4` buffer lines are parsed and held against the
+itself emits (`plan_args(Plan)`); the server's `-lv 4` buffer lines are parsed and held against the
 plan: within 5% of the total and within 1% of the KV / recurrent-state bytes.
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bostudio.gguf import ModelInfo, describe
+from bostudio.engine.argv import plan_args
 from bostudio.hardware.device import GIB, Device
 from bostudio.planner import MTP_SPEC, NGRAM_SPEC, NO_SPEC, Intent, Plan, plan
 from bostudio.planner.fit import RUNTIME_OUTPUT
@@ -123,11 +124,11 @@ def case_plan(case: Case, models: dict[str, ModelInfo]) -> tuple[Plan, list[str]
     p = plan(m, HOST, intent, spec, draft)
     quant_v = "q" in case.cache or (case.spec in ("draft", "mtp") and "q" in case.draft_cache)
     want = case.flash_attn if case.flash_attn != "auto" else "on" if quant_v else "off"
-    assert p.llama_args()[p.llama_args().index("-fa") + 1] == want  # always explicit, never llama.cpp's auto
+    assert plan_args(p)[plan_args(p).index("-fa") + 1] == want  # always explicit, never llama.cpp's auto
     spec_args = ["--spec-type", ",".join(spec.spec_types)] if spec.kind != "none" else []
     spec_args += ["--spec-draft-n-max", str(spec.n_max)] if spec.n_max is not None else []
     spec_args += ["-md", str(spec.draft)] if spec.draft else []
-    return p, p.llama_args() + spec_args
+    return p, plan_args(p) + spec_args
 
 
 def predicted(p: Plan) -> dict[str, int]:
@@ -223,6 +224,6 @@ def test_a_tight_plan_holds_in_llama_server(models: dict[str, ModelInfo], llama_
     p = plan(gemma, host, Intent(reserve=100 * MIB), draft, gemma)
     assert p.chosen is p.without_spec and "drops the draft" in p.why and "n-gram speculation does not fit" in p.why
     assert 4096 < p.chosen.n_ctx < gemma.n_ctx_train
-    rep = parse_reported_memory(run_server(llama_server, gemma.path, p.llama_args()))
+    rep = parse_reported_memory(run_server(llama_server, gemma.path, plan_args(p)))
     assert rep.total <= budget
     assert within(p.chosen.total, rep.total, 0.05)

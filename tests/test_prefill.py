@@ -1,4 +1,4 @@
-"""Prefill progress (issue 33), the pure parts: the rate and time-left arithmetic, the tracker that turns
+"""Prefill progress, the pure parts: the rate and time-left arithmetic, the tracker that turns
 llama-server's /slots answers and the prompts admission counted into prompts in progress, the stats kept
 from a finished request's timings, and how `ps`, the TUI and `launch` say it. The /slots shapes below are
 the pinned llama-server's (server-context.cpp, server_slot::to_json with only_metrics)."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from bostudio.agents.run import first_turn_note
-from bostudio.cli import _print_ps
-from bostudio.daemon.prefill import PrefillTracker, estimate
-from bostudio.daemon.stats import InstanceStats
+from bostudio.cli.daemon import _print_ps
+from bostudio.daemon.supervise.prefill import PrefillTracker, estimate
+from bostudio.daemon.supervise.stats import InstanceStats
 from bostudio.display import human_duration, prefill_line
 
 
@@ -195,14 +195,15 @@ def test_the_tui_takes_progress_events_into_its_instance_view() -> None:
 
 
 def test_an_instance_that_is_not_ready_shows_no_prompt_in_progress(tmp_path) -> None:
-    from bostudio.daemon.supervisor import READY, RESTARTING, Instance, ModelConfig
+    from bostudio.daemon.supervise.instance import Instance, ModelConfig
+    from bostudio.daemon.supervise.lifecycle import READY, RESTARTING, Life
 
-    inst = Instance(ModelConfig("m", tmp_path / "m.gguf", None, "off"), state=READY)
+    inst = Instance(ModelConfig("m", tmp_path / "m.gguf", None, "off"), life=Life("m", state=READY))
     inst.prefill.observe([], now=0.0, in_flight=0)
     inst.prefill.expect(5000, now=0.0)
     inst.prefill.observe([slot(0, 1, True, processed=2048)], now=1.0, in_flight=1)
     assert [p["done"] for p in inst.prefill_json()] == [2048]
-    inst.state = RESTARTING  # the child crashed mid-prompt: its report must not linger
+    inst.life = Life("m", state=RESTARTING)  # the child crashed mid-prompt: its report must not linger
     assert inst.prefill_json() == []
 
 
@@ -210,7 +211,7 @@ def test_launch_prints_the_note_on_stderr_before_it_hands_over_to_the_agent(monk
     from bostudio.agents import AgentConfig
     from bostudio.agents import run as agent_run
     from bostudio.cli import build_parser, parse_args
-    from bostudio.cli_launch import cmd_launch
+    from bostudio.cli.launch import cmd_launch
 
     order: list[str] = []
     cfg = AgentConfig("claude", "claude", "@anthropic-ai/claude-code@2.1.332", {})

@@ -1,4 +1,4 @@
-"""Prefill progress (issue 33) on the real daemon, the real llama-server and Gemma 3 270M: while a ~7k-token
+"""Prefill progress on the real daemon, the real llama-server and Gemma 3 270M: while a ~7k-token
 chat prompt is processed (several batches of llama-server's default 2,048 tokens), the instance the daemon
 reports carries the prompt's progress; afterwards the finished prefill is in its stats.
 

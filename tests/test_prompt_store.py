@@ -9,13 +9,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bostudio.daemon.slots import SlotStore, state_key
+from bostudio.daemon.supervise.slots import SlotStore, state_key
+from bostudio.engine.argv import plan_args
 from bostudio.gguf import describe
 from bostudio.hardware.device import Device
-from bostudio.planner import plan_for_launch
+from bostudio.planner import Intent, plan
 from bostudio.planner.fit import PROMPT_CACHE, prompt_cache_bytes
 from bostudio.planner.memory import MIB
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 
 
 def cpu() -> list[Device]:
@@ -26,16 +27,16 @@ def cpu() -> list[Device]:
 
 def test_the_prompt_cache_is_a_planned_component_sized_from_the_kv_pool(gemma_gguf: Path) -> None:
     info = describe(gemma_gguf)
-    plain = plan_for_launch(info, cpu(), ctx=8192)
-    reuse = plan_for_launch(info, cpu(), ctx=8192, prompt_cache=True)
+    plain = plan(info, cpu(), Intent(ctx=8192))
+    reuse = plan(info, cpu(), Intent(ctx=8192, prompt_cache=True, swa_full=True))
     assert plain.chosen.component_bytes(PROMPT_CACHE) == 0
-    assert "-cram" not in plain.llama_args() and "--swa-full" not in plain.llama_args()
+    assert "-cram" not in plan_args(plain) and "--swa-full" not in plan_args(plain)
     cache = reuse.chosen.component_bytes(PROMPT_CACHE)
     kv = reuse.chosen.component_bytes("KV cache")
     assert cache == prompt_cache_bytes(kv) and kv <= cache < kv + MIB
     # --swa-full: Gemma's sliding-window layers keep the whole context, so the pool grows.
     assert kv > plain.chosen.component_bytes("KV cache")
-    args = reuse.llama_args()
+    args = plan_args(reuse)
     assert args[args.index("-cram") + 1] == str(cache // MIB) and "--swa-full" in args
     # counted in the total the daemon's budget sees (the full window also grows the compute buffer)
     assert reuse.chosen.total == sum(u.bytes for u in reuse.chosen.uses)

@@ -13,7 +13,7 @@ from bostudio.engine import quantize as quantize_module
 from bostudio.engine.quantize import precision_copy, precision_copy_path
 from bostudio.errors import ConfigError
 from bostudio.gguf import describe
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 
 
 def test_precision_copy_is_made_once_and_again_when_the_source_changes(engine, tmp_path: Path, monkeypatch) -> None:

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bostudio.engine.argv import plan_args
 from bostudio.gguf import ModelInfo
 from bostudio.hardware import load_devices_file
 from bostudio.hardware.device import GIB, MIB, Device
@@ -74,11 +75,11 @@ def test_70b_on_two_remote_24gb_and_a_local_16gb(base: ModelInfo) -> None:
     assert o.draft_device == "CUDA0"
     assert {u.device for u in o.uses if u.component in ("draft KV cache", "draft compute buffer")} == {"CUDA0"}
     assert sum(u.bytes for u in o.uses if u.component == "draft weights" and u.device == "CPU") == d.token_embd_bytes
-    args = p.llama_args()
+    args = plan_args(p)
     assert args[args.index("-dev") + 1] == "RPC0,RPC1,CUDA0"
     assert args[args.index("-ts") + 1] == ",".join(map(str, counts))
     assert args[args.index("-devd") + 1] == "CUDA0"
-    text = render_plan(p)
+    text = render_plan(p, plan_args(p))
     assert "target: RPC0 (192.168.1.20:50052)" in text and "CUDA0: " in text
     assert "draft: draft Llama-3.2-1B-Q4_K_M.gguf whole on CUDA0" in text
     # host (the input embedding) -> RPC0 -> RPC1 -> CUDA0: three crossings next to a remote device,
@@ -86,7 +87,7 @@ def test_70b_on_two_remote_24gb_and_a_local_16gb(base: ModelInfo) -> None:
     net = network_estimate(m, o, devs)
     assert net.split_points == 3 and net.bytes_per_token == 3 * 8192 * 4
     assert not net.bottleneck  # ~40 GiB of weight reads per token dwarf 96 KiB of activations
-    data = plan_json(p)
+    data = plan_json(p, plan_args(p))
     assert data["network"]["split_points"] == 3 and data["with_speculation"]["draft_device"] == "CUDA0"
 
 
@@ -110,7 +111,7 @@ def test_no_local_gpu_keeps_the_draft_on_the_host(base: ModelInfo) -> None:
     assert fastest_device(devs).label == "CPU"
     assert o.draft_device == "none"  # -devd none: the draft is not spread over the workers
     assert {u.device for u in o.uses if u.component == "draft weights"} == {"CPU"}
-    assert "-devd" in plan(m, devs, INTENT, draft(d), d).llama_args()
+    assert "-devd" in plan_args(plan(m, devs, INTENT, draft(d), d))
 
 
 def test_the_network_is_the_bottleneck_for_a_small_model_with_a_remote_output(base: ModelInfo) -> None:
@@ -127,7 +128,7 @@ def test_the_network_is_the_bottleneck_for_a_small_model_with_a_remote_output(ba
 def test_a_single_local_gpu_plan_is_unchanged(base: ModelInfo) -> None:
     devs = tuple(d for d in load_devices_file(POOL) if not d.remote)
     p = plan(llama70b(base), devs, INTENT, NO_SPEC)
-    assert p.chosen.split == () and "-ts" not in p.llama_args() and "-dev" not in p.llama_args()
+    assert p.chosen.split == () and "-ts" not in plan_args(p) and "-dev" not in plan_args(p)
 
 
 def _f32(x: float) -> float:
@@ -168,7 +169,7 @@ def test_a_self_draft_is_planned_before_it_exists(base: ModelInfo, tmp_path: Pat
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """`plan --spec self-draft:Q2_K`: the copy's header is estimated from the target by bits per weight,
     then placed like any draft: whole on the fastest device while the target spreads."""
-    from bostudio.pairing.pair import self_draft_info
+    from bostudio.pairing.edge.pair import self_draft_info
 
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     m = replace(llama70b(base), n_params=70_600_000_000)
@@ -211,9 +212,9 @@ def test_a_pooled_launch_runs_the_plans_placement_after_rpc(base: ModelInfo) -> 
                                    LaunchIntent(ctx=16384, cache_type="q8_0", spec="draft:x")))
     argv = decision.argv(port=9000, alias="big")
     assert argv[1:3] == ["--rpc", "192.168.1.20:50052,192.168.1.21:50052"]
-    plan_args = decision.plan.llama_args()
+    flags = plan_args(decision.plan)
     for flag in ("-ngl", "-np", "-ctk", "-ctv", "-fit", "-dev", "-ts", "-ngld", "-devd"):
-        assert argv.count(flag) == 1 and argv[argv.index(flag) + 1] == plan_args[plan_args.index(flag) + 1]
+        assert argv.count(flag) == 1 and argv[argv.index(flag) + 1] == flags[flags.index(flag) + 1]
     # the draft's cache type from the pairing is priced and run, once (llama.cpp keeps the last -ctkd)
     assert argv.count("-ctkd") == 1 and argv[argv.index("-ctkd") + 1] == "q8_0"
     assert decision.plan.intent.draft_cache_type_k == "q8_0"
@@ -254,7 +255,7 @@ def test_an_output_that_fits_no_worker_is_pinned_to_the_host(base: ModelInfo, ti
     # the logits are computed on the host: its compute buffer has room for them
     comp = {u.device: u.bytes for u in o.uses if u.component == "compute buffer"}
     assert comp["CPU"] >= logits_buffer_bytes(m, ContextSettings(n_ctx=4096))
-    args = p.llama_args()
+    args = plan_args(p)
     assert args[args.index("-ot") + 1] == OUTPUT_ON_HOST_OT
     assert args[args.index("-dev") + 1] == "RPC0,RPC1" and args[args.index("-ngl") + 1] == str(m.n_block + 1)
     # the network carries hidden states only (host -> RPC0 -> RPC1 -> host), no logits
@@ -266,7 +267,7 @@ def test_an_output_that_fits_no_worker_is_pinned_to_the_host(base: ModelInfo, ti
     # the same pool with room for the output: nothing is pinned
     roomy = tuple(replace(d, budget_bytes=4 * GIB) if d.remote else d for d in workers)
     q = plan(m, roomy, Intent(ctx=4096))
-    assert not q.chosen.output_on_host and "-ot" not in q.llama_args()
+    assert not q.chosen.output_on_host and "-ot" not in plan_args(q)
     assert q.chosen.n_gpu_layers == m.n_block + 1
 
 
@@ -289,7 +290,7 @@ def test_a_small_local_gpu_takes_the_layers_and_leaves_the_output_on_the_host(ba
     assert sum(u.bytes for u in more if u.device == "CUDA0") > gpu.usable_bytes - GIB
     comp = {u.device: u.bytes for u in o.uses if u.component == "compute buffer"}
     assert comp["CPU"] >= logits_buffer_bytes(m, ContextSettings(n_ctx=4096))  # the logits run on the host
-    assert "-ot" in p.llama_args() and "-dev" not in p.llama_args()
+    assert "-ot" in plan_args(p) and "-dev" not in plan_args(p)
     assert o.device_bytes("CUDA0") <= gpu.usable_bytes - GIB
 
 
@@ -298,7 +299,7 @@ def test_pinning_is_not_used_when_nothing_can_be_offloaded(base: ModelInfo) -> N
     tiny = (Device("other", "rpc", "w0", 0, 8 * GIB, engine_name="RPC0", endpoint="127.0.0.1:1", budget_bytes=16 * MIB),
             Device("cpu", "cpu", "host", 0, 32 * GIB))
     p = plan(_big_vocab(base, tied=True), tiny, Intent(ctx=4096))
-    assert p.chosen.n_gpu_layers == 0 and not p.chosen.output_on_host and "-ot" not in p.llama_args()
+    assert p.chosen.n_gpu_layers == 0 and not p.chosen.output_on_host and "-ot" not in plan_args(p)
 
 
 def test_the_network_estimate_uses_the_slowest_link_a_token_crosses(base: ModelInfo) -> None:
@@ -313,7 +314,8 @@ def test_the_network_estimate_uses_the_slowest_link_a_token_crosses(base: ModelI
     rtt_ms = wifi.split_points * ROUND_TRIP_S * 1e3
     assert wifi.link_mbit == 100 and "at 100 Mbit/s" in wifi.line()
     assert wifi.network_ms - rtt_ms == pytest.approx(10 * (gigabit.network_ms - rtt_ms))
-    assert plan_json(replace(p, devices=slow))["network"]["link_mbit"] == 100
+    slow_plan = replace(p, devices=slow)
+    assert plan_json(slow_plan, plan_args(slow_plan))["network"]["link_mbit"] == 100
 
 
 def test_a_devices_file_link_must_be_positive(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """The CPU thread rule (planner.threads): a table of cores x children x where the layers run, and the
-flags a plan emits through Plan.llama_args(); and how a bench holds its servers on cores (one CPU per physical
+flags a plan emits through plan_args(Plan); and how a bench holds its servers on cores (one CPU per physical
 core, pure; the affinity itself on a real child process)."""
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ import pytest
 
 from bostudio.hardware.device import GIB, Device, device_from_json
 from bostudio.errors import ConfigError
+from bostudio.engine.argv import plan_args, thread_args
 from bostudio.planner import Intent, plan
 from bostudio.planner.threads import headroom_cores, plan_threads
 from bostudio.gguf import ModelInfo, describe
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 from tests.test_planner import shape
 
 
@@ -51,7 +52,7 @@ def test_thread_rule_table(cores: int, children: int, cpu: bool, t: int, tb: int
     p = plan_threads(cores, children, cpu)
     assert p is not None
     assert (p.threads, p.threads_batch) == (t, tb)
-    assert p.args() == ["-t", str(t), "-tb", str(tb)]
+    assert thread_args(p) == ["-t", str(t), "-tb", str(tb)]
     assert p.why
 
 
@@ -88,10 +89,10 @@ def gpu(total_gib: float) -> Device:
     return Device("nvidia", "cuda", "gpu", total_bytes=int(total_gib * GIB), free_bytes=int(total_gib * GIB))
 
 
-def test_plan_emits_threads_through_llama_args(model: ModelInfo) -> None:
+def test_plan_emits_threads_through_plan_args(model: ModelInfo) -> None:
     m = model
     p = plan(m, [host(8)], Intent(ctx=4096))
-    args = p.llama_args()
+    args = plan_args(p)
     assert args[args.index("-t") + 1] == "6" and args[args.index("-tb") + 1] == "6"
     assert p.threads is not None and p.threads.to_json()["headroom"] == 2
 
@@ -99,7 +100,7 @@ def test_plan_emits_threads_through_llama_args(model: ModelInfo) -> None:
 def test_children_split_the_cores(model: ModelInfo) -> None:
     m = model
     p = plan(m, [host(16)], Intent(ctx=4096, children=2))
-    args = p.llama_args()
+    args = plan_args(p)
     assert args[args.index("-t") + 1] == "6" and args[args.index("-tb") + 1] == "6"
 
 
@@ -115,7 +116,7 @@ def test_all_layers_on_a_gpu_need_few_threads_and_some_on_the_host_need_more(mod
 
 def test_no_cores_known_no_thread_flags(model: ModelInfo) -> None:
     p = plan(model, [host(None)], Intent(ctx=4096))
-    assert p.threads is None and "-t" not in p.llama_args() and "-tb" not in p.llama_args()
+    assert p.threads is None and "-t" not in plan_args(p) and "-tb" not in plan_args(p)
 
 
 def test_devices_file_takes_cores_and_refuses_nonsense() -> None:

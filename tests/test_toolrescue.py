@@ -1,4 +1,4 @@
-"""Near-miss tool calls (bostudio/daemon/toolrescue.py): the narrow rule, table-driven, and the rewrite of
+"""Near-miss tool calls (bostudio/daemon/http/toolrescue.py): the narrow rule, table-driven, and the rewrite of
 each API dialect's answer, streamed and whole. The streams are shaped as the pinned llama-server sends them
 (tests/data/rescue_streams.json holds streams captured from it); every rewritten answer is read back by the
 official client library's own parser, so a client sees a real call."""
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bostudio.daemon import toolrescue
-from bostudio.daemon.toolrescue import could_be_call, near_miss_call, request_tools
+from bostudio.daemon.http import toolrescue
+from bostudio.daemon.http.toolrescue import could_be_call, near_miss_call, request_tools
 
 WRITE = {"type": "object", "properties": {"file_path": {"type": "string"}, "content": {"type": "string"}},
          "required": ["file_path", "content"], "additionalProperties": False}

@@ -18,7 +18,7 @@ import pytest
 from bostudio.daemon.client import AsyncDaemonClient
 from bostudio.tui.app import BostudioApp
 from tests.daemon_util import DaemonProc
-from tests.gguf_factory import tiny_llama
+from bostudio.gguf.synth import tiny_llama
 
 GEMMA = "gemma-3-270m-q4_k_m"
 HOSTILE = "evil-[reverse]x[blink]-\x1b[2J\x1b]0;pwned\x07"  # Rich markup and terminal escapes in a file name
@@ -154,7 +154,7 @@ def test_daemon_going_away_gives_a_banner_then_reconnects(tmp_path: Path, gemma_
 
 def test_pull_from_the_hub_shows_progress_and_what_to_do_on_errors(tmp_path: Path, gemma_gguf: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.hubserver import FakeHub, HubServer
+    from benchmarks.hubserver import FakeHub, HubServer
 
     fake = FakeHub()
     fake.add_file("org/Tiny-GGUF", "Tiny-Q8_0.gguf", tiny_llama(tmp_path / "Tiny-Q8_0.gguf"))

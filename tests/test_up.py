@@ -20,12 +20,19 @@ from tests.netutil import free_port, port_is_free
 READY_TIMEOUT_S = 300  # a hang guard: the 1.5B loads and plans in well under a minute on a quiet 2-core machine
 
 
+def _as_a_background_job() -> None:
+    """A shell starts `bostudio up &` with SIGINT ignored, and Python then installs no handler of its
+    own: up must still stop on SIGINT (whatever way this pytest itself was started)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class Up:
     """A `bostudio up` child process and what it printed."""
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "bostudio", "up", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                     preexec_fn=_as_a_background_job)
         self.lines: list[str] = []
 
     def wait_ready(self) -> dict[str, str]:
@@ -191,7 +198,7 @@ def test_up_by_name_from_models_dir(engine, gemma_gguf, env) -> None:
 
 def test_up_auto_uses_the_mtp_head_pairing_finds(engine, env, tmp_path: Path) -> None:
     """Launch integration: auto on a NextN target picks its MTP head, launches draft-mtp and proves it."""
-    from tests.gguf_factory import BYTE_VOCAB, BYTE_VOCAB_TYPES, tiny_glm4moe_mtp
+    from bostudio.gguf.synth import BYTE_VOCAB, BYTE_VOCAB_TYPES, tiny_glm4moe_mtp
 
     model = tiny_glm4moe_mtp(tmp_path / "glm-mtp.gguf", vocab=BYTE_VOCAB, token_types=BYTE_VOCAB_TYPES)
     env = dict(env, XDG_CONFIG_HOME=str(tmp_path / "config"))

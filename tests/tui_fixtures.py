@@ -65,7 +65,7 @@ def plan(fits: bool = True) -> dict:
                  "bytes": 11 * GIB}]}
 
 
-# A long prompt in progress (issue 33): the daemon's instances[].prefill[], an agent's first turn.
+# A long prompt in progress: the daemon's instances[].prefill[], an agent's first turn.
 PREFILL = [{"slot": 0, "task": 7, "total": 11712, "done": 4096, "cached": 512, "processed": 3584, "in_batch": 2048,
             "fraction": 0.35, "rate_tok_s": 48.0, "rate_source": "measured", "eta_s": 158.0, "elapsed_s": 74.7}]
 

@@ -82,9 +82,18 @@ def compaction_notes(agent: str, target: AgentTarget) -> list[str]:
         return notes
     if agent == "codex":
         return [f"Codex compacts at {codex_compact_limit(ctx):,} of {ctx:,} tokens (model_auto_compact_token_limit); "
-                f"it sends no output limit, so the daemon gives each request one."]
+                f"it sends no output limit, so the daemon gives each request one.",
+                f"Codex keeps your own messages whole through a compaction (up to about {CODEX_KEPT_USER_TOKENS:,} "
+                f"tokens of them): a request that then overflows has the middle of its longest earlier texts "
+                f"elided by the daemon (--context-overflow trim; `bostudio ps` counts them)."]
     return [f"opencode compacts at {opencode_compact_at(ctx, out):,} of {ctx:,} tokens (its input limit less the "
-            f"reserved {out:,} tokens)."]
+            f"reserved {out:,} tokens); when a request overflows it compacts with the whole conversation, which "
+            f"the daemon shortens to fit (--context-overflow trim)."]
+
+
+# Codex's compaction keeps the most recent user messages up to this many tokens (codex-rs core compact.rs,
+# COMPACT_USER_MESSAGE_MAX_TOKENS); measured here: the first log (~18k tokens) survived its compaction whole.
+CODEX_KEPT_USER_TOKENS = 20_000
 
 
 def codex_compact_limit(ctx: int) -> int:

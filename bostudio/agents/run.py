@@ -31,7 +31,7 @@ def prepare(agent: str, model: str | None, ctx: int | None = None, host: str = "
     """Daemon up, model loaded, the agent's configuration; returns it and the instance."""
     from bostudio.daemon import DEFAULT_PORT
     from bostudio.daemon.client import DaemonClient
-    from bostudio.daemon.security import read_token
+    from bostudio.daemon.http.security import read_token
     from bostudio.daemon.service import DaemonOptions, start_background
 
     model = model or DEFAULT_MODEL
@@ -57,7 +57,7 @@ def prepare(agent: str, model: str | None, ctx: int | None = None, host: str = "
 def first_turn_note(agent: str, inst: dict) -> str:
     """What `launch` tells the user before it hands the terminal to the agent: the first request is a long
     prompt that takes a while on a CPU (estimated from the model's last long prefill when there is one),
-    later ones reuse its cached prefix, and where to watch the progress (issue 33)."""
+    later ones reuse its cached prefix, and where to watch the progress."""
     name = AGENT_NAMES.get(agent, agent)
     tokens = FIRST_TURN_TOKENS.get(agent)
     size = f"about {tokens / 1000:.0f}k tokens" if tokens else "thousands of tokens"

@@ -19,12 +19,11 @@ from bostudio import paths
 from bostudio.bench.measure import OFF, Sample
 from bostudio.bench.workloads import CONTEXT_QUESTION, Task, filler_code
 from bostudio.catalog.resolve import model_name
-from bostudio.engine.argv import build_argv
 from bostudio.engine.discover import Engine
 from bostudio.errors import ConfigError, PortInUseError, ServerError
 from bostudio.gguf import ModelInfo
-from bostudio.launch import Decision, LaunchIntent, gather_and_decide
-from bostudio.pairing.pair import choose, make_self_draft
+from bostudio.launch import Decision, bench_intent, gather_and_decide
+from bostudio.pairing.edge.pair import choose, make_self_draft
 from bostudio.profiles import default_workload
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.net import free_loopback_port
@@ -94,31 +93,12 @@ def parse_flash_attn(value: str | None) -> list[str]:
     return out or ["planned"]
 
 
-def _without(args: Sequence[str], flags: tuple[str, ...]) -> list[str]:
-    """`args` without `flags` and the value after each."""
-    out, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-            continue
-        if a in flags:
-            skip = True
-            continue
-        out.append(a)
-    return out
-
-
-def with_flash_attn(args: Sequence[str], setting: str) -> list[str]:
-    """`args` with their -fa value replaced by `setting` (planned keeps the plan's)."""
-    return list(args) if setting == "planned" else _without(args, ("-fa",)) + ["-fa", setting]
-
-
-def with_threads(args: Sequence[str], setting: str, cores: int) -> list[str]:
-    """`args` with their -t/-tb replaced by `setting` (planned keeps them)."""
+def threads_asked(setting: str, cores: int) -> tuple[int, int] | None:
+    """A --threads setting as (-t, -tb) asked of the plan (None: planned; all: every one of `cores`)."""
     if setting == "planned":
-        return list(args)
+        return None
     t, _, tb = (f"{cores}/{cores}" if setting == "all" else setting).partition("/")
-    return _without(args, ("-t", "-tb")) + ["-t", t, "-tb", tb or t]
+    return int(t), int(tb or t)
 
 
 def config_names(value: str | None, engine: Engine, info: ModelInfo) -> list[str]:
@@ -192,7 +172,7 @@ def resolve_configs(name: str, info: ModelInfo, engine: Engine, ctx: int, note: 
 def bench_decision(info: ModelInfo, engine: Engine, ctx: int) -> Decision:
     """The launch decision every bench server shares: one slot (requests run one at a time), `ctx`
     tokens, speculation off in the plan (each side adds its own speculator). Raises PlanError."""
-    return gather_and_decide(info, engine, LaunchIntent(ctx=ctx, spec="off", n_parallel=1))
+    return gather_and_decide(info, engine, bench_intent(ctx))
 
 
 @dataclass
@@ -212,7 +192,7 @@ class Bench:
     """The servers of one bench run. Use as a context manager: every server stops on exit."""
 
     def __init__(self, info: ModelInfo, engine: Engine, configs: Sequence[BenchConfig], ctx: int,
-                 progress: Progress, server_args: Sequence[str] = (), decision: Decision | None = None) -> None:
+                 progress: Progress, cold_slots: Path | None = None, decision: Decision | None = None) -> None:
         labels = [c.label for c in configs]
         if len(set(labels)) != len(labels):
             raise ConfigError("a configuration is listed twice in --spec", "name each configuration once")
@@ -221,19 +201,28 @@ class Bench:
         # plan (offload, cache types, -fit off, threads) with its own speculator, so only the speculator
         # (and, with --threads, the thread setting under test) differs. A caller that starts many benches
         # (tune, one per pass) makes it once (bench_decision) and passes it.
-        self.decision = decision or bench_decision(info, engine, ctx)
-        self.server_args = tuple(server_args)
+        # `cold_slots`: a session's passes each start cold (no host prompt cache: only a slot's own cache carries
+        # a prefix from turn to turn), and the slots, saved in that directory, can be erased before each pass.
+        self.decision = (decision or bench_decision(info, engine, ctx)).varied(cold_slots=cold_slots is not None)
+        self.cold_slots = cold_slots
+        self._decisions: dict[tuple[str, str], Decision] = {}
         planned = self.decision.plan.threads
         self.threads = planned  # the plan's CPU threads (None: cores unknown)
         self.cores = planned.cores if planned is not None else (os.cpu_count() or 1)
         self.servers: list[_Server] = []
         self.start_order: tuple[str, ...] = ()
 
+    def decision_for(self, config: BenchConfig) -> Decision:
+        """The shared decision with `config`'s settings under test (-fa, -t/-tb) asked of the plan."""
+        if config.settings not in self._decisions:
+            fa = None if config.flash_attn == "planned" else config.flash_attn
+            self._decisions[config.settings] = self.decision.varied(
+                flash_attn=fa, threads=threads_asked(config.threads, self.cores))
+        return self._decisions[config.settings]
+
     def argv(self, config: BenchConfig, port: int) -> list[str]:
-        spec = self.decision.launch_spec(port=port, alias=model_name(self.info.path), speculator=config.speculator)
-        args = with_flash_attn(with_threads(spec.extra_args, config.threads, self.cores), config.flash_attn)
-        spec = replace(spec, extra_args=tuple(args) + self.server_args)
-        return build_argv(self.engine.path, self.engine.flags, spec)
+        return self.decision_for(config).argv(port=port, alias=model_name(self.info.path), slot_dir=self.cold_slots,
+                                              speculator=config.speculator)
 
     def __enter__(self) -> "Bench":
         self._logdir = paths.logs_dir() / "bench" / str(os.getpid())  # concurrent benches keep their own logs
@@ -256,8 +245,8 @@ class Bench:
                         started[i].proc.wait_ready(timeout=READY_TIMEOUT_S)
                         break
                     except PortInUseError:
-                        # another process took the port between its pick and llama-server's bind (goal run 7:
-                        # a restart's fifth server got the first's port before that one had bound it)
+                        # another process took the port between its pick and llama-server's bind (seen: a
+                        # restart's fifth server got the first's port before that one had bound it)
                         if attempt == PORT_TRIES - 1:
                             raise
                         started[i].proc.stop()
@@ -355,10 +344,9 @@ class Bench:
                 "spread": None if spread is None else round(spread, 4), "restarted": restarted}
 
     def threads_of(self, config: BenchConfig) -> int:
-        """The most CPU threads `config`'s server runs (its -t or -tb, whichever is larger)."""
-        argv = self.argv(config, 0)
-        found = [int(argv[i + 1]) for i, a in enumerate(argv[:-1]) if a in ("-t", "-tb") and argv[i + 1].isdigit()]
-        return max(found, default=self.cores)
+        """The most CPU threads `config`'s server runs (its -t or -tb, whichever is larger: its plan's)."""
+        t = self.decision_for(config).plan.threads
+        return max(t.threads, t.threads_batch) if t is not None else self.cores
 
     def hold_cores(self, held: bool) -> list[int] | None:
         """With `held`: every server's threads on the same cores, one logical CPU per physical core from the end

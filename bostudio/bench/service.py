@@ -5,7 +5,6 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from bostudio.bench import agent, measure
 from bostudio.bench.load import CompetingLoad
@@ -119,10 +118,10 @@ def run_agent_bench(opts: BenchOptions, progress: Callable[[int, int, str], None
     for s in sessions:
         for skipped in s.skipped:
             note(f"{s.name}: not replayed (not a generation): {skipped}")
-    # A session's passes must each start cold: -cram 0 (no host prompt cache: only the slot's own cache carries a
-    # prefix from turn to turn), and the slots are erased before each pass (which needs --slot-save-path).
+    # A session's passes must each start cold: no host prompt cache (only the slot's own cache carries a prefix
+    # from turn to turn), and the slots are erased before each pass (which needs a slot directory).
     with tempfile.TemporaryDirectory(prefix="bostudio-bench-slots-") as slots, CompetingLoad(opts.load) as load, \
-            Bench(info, engine, configs, ctx, note, ("-cram", "0", "--slot-save-path", slots)) as bench:
+            Bench(info, engine, configs, ctx, note, Path(slots)) as bench:
         turns, passes = agent.run_sessions(bench, sessions, tokens, load if opts.load else None, progress)
         argv = {c.label: bench.argv(c, 0)[1:] for c in configs}
         threads = bench.threads
@@ -139,9 +138,3 @@ def run_agent_bench(opts: BenchOptions, progress: Callable[[int, int, str], None
                                  "draft": str(c.speculator.draft) if c.speculator.draft else None,
                                  "argv": argv[c.label]} for c in configs}}
     return [], measure.Projection(0, tokens, {}), doc
-
-
-def write_plot(rows: list[measure.Row], out: Path, title: str) -> Path:
-    from bostudio.bench.report import plot
-
-    return plot(rows, out, title)

@@ -211,8 +211,8 @@ def module_of_turn(variant: int, turn: int, modules: int, turns: int) -> int:
     count up from 0 and tune's count down from -1 (tune_sessions.SESSION_VARIANT), so that tune never chooses on
     the modules the bench then measures (with 89 modules and 12 turns: up to 7 passes in all). Consecutive
     modules were read before (turn k of pass r read module r + k), so the bench's passes shared 11 of their 12
-    modules and were one sample of the content: ngram-mod drafted 36-51% accepted on every bench pass of goal
-    runs 5-8 (modules 0-13, the bench's own), 68% on tune's screen (modules 21-32), 44% on modules 50-61."""
+    modules and were one sample of the content: ngram-mod drafted 36-51% accepted on every bench pass of four
+    agent-session runs (modules 0-13, the bench's own), 68% on tune's screen (modules 21-32), 44% on modules 50-61."""
     stride = max(1, modules // max(1, turns))
     return (variant % stride + turn * stride) % modules  # pass `stride` reads pass 0's modules (other functions)
 

@@ -67,7 +67,7 @@ def candidates(engine_spec_types: Sequence[str], has_mtp: bool, draft: Path | No
         drafts = []
         # p_min 0 is llama.cpp's default since #26100 (it was 0.75): a draft then always runs to n_max; 0.75 stops
         # it at the first token the draft is unsure of, which spares the verification on a CPU (0.35 target
-        # steps per drafted token there: pairing.cost.CPU_VERIFY_PER_TOKEN)
+        # steps per drafted token there: pairing.core.cost.CPU_VERIFY_PER_TOKEN)
         for n in (3, 1, 2, 4, 6, 8):
             for p in (0.0, 0.75):
                 label = f"draft-simple n_max={n}" + (f" p_min={p:g}" if p else "")

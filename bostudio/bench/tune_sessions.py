@@ -18,10 +18,10 @@ A pass costs the same on every n-gram configuration (they do off's work on the p
 prefill is most of a pass), so the sweep opens with a screen: off and llama.cpp's default of every n-gram type,
 one server each, in ONE pass of the session, turn by turn (screen_goes_on: turns are added while the budget
 keeps room to confirm the leader, so on a short budget the screen is a slice of the session). That is one
-paired sample per type for the price of (types + 1) / 2 pair passes. Before it, tune measured candidates pair
-by pair in a fixed order, and a 900 s budget on a 2-core CPU reached one (run 6: it chose ngram-mod, and
-ngram-simple, which it never measured, ran 4% faster on a recorded session). The screen's leader and the
-other kinds' first candidates (draft, MTP) then go on pair by pair, on whole sessions.
+paired sample per type for the price of (types + 1) / 2 pair passes. Without it, tune measures candidates pair
+by pair in a fixed order, and a 900 s budget on a 2-core CPU reached one (it chose ngram-mod, and
+ngram-simple, which it never measured, ran 4% faster on a recorded session: BENCHMARKS.md, run 6). The
+screen's leader and the other kinds' first candidates (draft, MTP) then go on pair by pair, on whole sessions.
 """
 
 from __future__ import annotations
@@ -80,9 +80,8 @@ def confirm_reserve(passes: int, pass_costs: Sequence[float]) -> float:
 def pair_order(off: C, candidate: C, passes: int) -> list[C]:
     """The two servers of a candidate's next pass, in start order (the first also takes the session's first
     turn, its cold prefill): off first on even passes, the candidate first on odd ones, so that a candidate's
-    paired ratios weigh both orders alike. Every tune pass was off first before: each of run 4's four passes put
-    a candidate 1.03-1.05x of off, and the bench, whose passes rotate the start order, then measured those
-    candidates at 0.97-1.02x."""
+    paired ratios weigh both orders alike. With off always first, each of four passes put a candidate 1.03-1.05x
+    of off, and the bench, whose passes rotate the start order, then measured those candidates at 0.97-1.02x."""
     return [off, candidate] if passes % 2 == 0 else [candidate, off]
 
 
@@ -105,9 +104,9 @@ def screen_estimate(turn_costs: Sequence[float], turns: int, servers: int) -> fl
     """A whole session's pass on two servers (one candidate and off), from a screen on `servers` servers whose
     turn rounds cost `turn_costs` so far: the rounds measured, and the mean warm round (the second on) for
     every turn not screened yet, at 2/servers of it all. A recording's later turns can start a new prompt:
-    Claude Code's 15th request of run 5's recording was a cold 13.8k-token prefill (380 s on six servers), and
-    the dearest warm round times every later turn, the estimate before, put a 554 s pair pass at about
-    2,600 s: the leader was never confirmed, and tune chose off (goal run 8)."""
+    Claude Code's 15th request of a recording was a cold 13.8k-token prefill (380 s on six servers), and
+    the dearest warm round times every later turn would put a 554 s pair pass at about 2,600 s: the leader
+    would never be confirmed, and tune would choose off."""
     done = len(turn_costs)
     warm = statistics.fmean(turn_costs[1:]) if done > 1 else turn_costs[0]
     return 2 / servers * (sum(turn_costs) + max(0, turns - done) * warm)
@@ -185,13 +184,13 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
         if off_totals["wall_s"] > 0:
             shares.append(off_totals["decode_s"] / off_totals["wall_s"])
     with tempfile.TemporaryDirectory(prefix="bostudio-tune-slots-") as slots:
-        args = ("-cram", "0", "--slot-save-path", slots)
+        cold = Path(slots)  # cold passes: no host prompt cache, slots erased between passes (Bench)
         alive = pool
         decision = bench_decision(info, engine, ctx)  # every pass's servers share it (Bench)
         screen = screened(pool)[:max(0, servers_that_fit(decision.plan) - 1)]
         if len(screen) > 1:
             rounds, served = 1, 1
-            est = _screen(info, engine, off, screen, first, ctx, args, decision, n_tokens, started, budget_s,
+            est = _screen(info, engine, off, screen, first, ctx, cold, decision, n_tokens, started, budget_s,
                           progress, record)
             costs.append(est)
             alive = after_screen(pool, screen)
@@ -224,15 +223,15 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
                 # Off and the candidate on fresh servers for every pass (run_sessions restarts them), so that
                 # no one server's own speed is under every candidate's ratio, and in either start order.
                 cand = BenchConfig(t.candidate.label, t.candidate.speculator)
-                with Bench(info, engine, pair_order(off, cand, len(t.samples)), ctx, progress, args,
+                with Bench(info, engine, pair_order(off, cand, len(t.samples)), ctx, progress, cold,
                            decision) as pair:
                     turns, _ = agent.run_sessions(pair, sessions, n_tokens, None, _turns(progress))
                 for s in sessions:
                     record(t, [x for x in turns if x.session == s.name])
                 costs.append((time.monotonic() - t0) / n)
                 measured.append(t)
-                # this pass's ratio and the median of the candidate's passes (run 9's 1.03x was the median of
-                # the screen's 1.042x and a confirming 1.009x)
+                # this pass's ratio and the median of the candidate's passes (a 1.03x median can be the
+                # screen's 1.042x and a confirming 1.009x)
                 progress(f"  {t.candidate.label}: session {(t.ratios or [0.0])[-1]:.3f}x of off on this pass, "
                          f"{t.speedup:.3f}x the median of its {len(t.ratios)} "
                          f"({time.monotonic() - started:.0f}/{budget_s:.0f} s)")
@@ -255,7 +254,7 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
     return TuneResult(profile, path, tuple(pool), baseline, rounds, time.monotonic() - started)
 
 
-def _screen(info, engine, off, screen: list[Tally], session, ctx: int, args: tuple[str, ...],  # type: ignore[no-untyped-def]
+def _screen(info, engine, off, screen: list[Tally], session, ctx: int, cold: Path,  # type: ignore[no-untyped-def]
             decision, n_tokens: int, started: float, budget_s: float, progress: Callable[[str], None],
             record: Callable[[Tally, list], None]) -> float:  # type: ignore[type-arg]
     """The screen (module docstring): off and every screened type in one pass of `session`, as many turns as
@@ -274,7 +273,7 @@ def _screen(info, engine, off, screen: list[Tally], session, ctx: int, args: tup
 
     progress(f"round 1 (screen): off and {len(screen)} n-gram types in one pass of the session, turn by turn, "
              f"while the budget keeps room to confirm the leader on whole sessions")
-    with Bench(info, engine, configs, ctx, progress, args, decision) as bench:
+    with Bench(info, engine, configs, ctx, progress, cold, decision) as bench:
         results, _ = agent.run_sessions(bench, [session], n_tokens, None, _turns(progress), more)
         end = time.monotonic()
     done = max((r.turn for r in results), default=0)
@@ -305,7 +304,7 @@ def retimed_wall(off: Sequence[TurnResult], cand: Sequence[TurnResult]) -> float
     token, times off's output tokens of that turn). Speculation changes decode and nothing else; for a server
     that does off's work on the prompt (an n-gram type), the rest of a pass (prefill, about 83% of the shipped
     session here) is the same work on both servers, and their gap on it is the servers' own speed, not the
-    candidate's. Retimed, that gap is gone. Goal run 6's two passes of the shipped session, off's wall time over
+    candidate's. Retimed, that gap is gone. Two measured passes of the shipped session, off's wall time over
     each type's: ngram-simple 1.032x and 1.022x, retimed 1.026x and 1.032x; ngram-map-k 1.022x and 1.004x,
     retimed 1.018x and 1.039x; ngram-mod 1.027x and 0.996x, retimed 1.011x and 1.022x. Decode is about 17% of
     that session, so its 13-17% faster decode is worth 2-4% of the session, under the 3% the servers' own

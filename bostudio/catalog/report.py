@@ -83,7 +83,7 @@ def model_details(info: ModelInfo, name: str | None = None) -> list[str]:
                                         if info.chat_template_names else "")
                               + "; `--template` prints it (escaped, never rendered)")
                              if info.has_chat_template else "none"),
-        "served with:   " + e(template_for(info).label),  # issue21: the template llama-server gets
+        "served with:   " + e(template_for(info).label),  # the template llama-server gets: the GGUF's or a fallback
     ]
     return lines
 

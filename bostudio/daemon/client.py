@@ -13,7 +13,7 @@ from urllib.parse import quote
 import httpx
 
 from bostudio.daemon import DEFAULT_HOST, DEFAULT_PORT, state
-from bostudio.daemon.security import read_token
+from bostudio.daemon.http.security import read_token
 from bostudio.errors import DaemonError
 
 TIMEOUT = httpx.Timeout(30.0, connect=2.0)
@@ -61,7 +61,7 @@ class Route:
         return body[self.key] if self.key else body
 
 
-# The control API (bostudio/daemon/routes/ serves it), one line per call of DaemonClient and AsyncDaemonClient.
+# The control API (bostudio/daemon/http/routes/ serves it), one line per call of DaemonClient and AsyncDaemonClient.
 ROUTES: dict[str, Route] = {
     "status": Route("GET", "/bostudio/status"),
     "devices": Route("GET", "/bostudio/devices"),

@@ -19,9 +19,9 @@ import psutil
 
 from bostudio import __version__, paths
 from bostudio.daemon import DEFAULT_HOST, DEFAULT_PORT, state
-from bostudio.daemon.limits import HttpLimits, guarded_protocol
-from bostudio.daemon.security import allowed_hosts, check_bind, read_token
-from bostudio.daemon.supervisor import SupervisorOptions
+from bostudio.daemon.http.limits import HttpLimits, guarded_protocol
+from bostudio.daemon.http.security import allowed_hosts, check_bind, read_token
+from bostudio.daemon.supervise.supervisor import SupervisorOptions
 from bostudio.errors import DaemonError
 from bostudio.files import write_atomic
 from bostudio.runtime.net import check_port_free, is_loopback
@@ -39,7 +39,7 @@ class DaemonOptions:
     require_token: bool = False  # always on when bound beyond loopback
     allow_hosts: tuple[str, ...] = ()
     supervisor: SupervisorOptions = SupervisorOptions()
-    limits: HttpLimits = HttpLimits()  # connection and body discipline (daemon/limits.py)
+    limits: HttpLimits = HttpLimits()  # connection and body discipline (daemon/http/limits.py)
     record: str | None = None  # save every request body here, in order (`bench --workload DIR` replays them)
 
 
@@ -59,8 +59,8 @@ def run_daemon(opts: DaemonOptions) -> int:
     """Serve in the foreground until SIGINT/SIGTERM; every instance is stopped on the way out."""
     import uvicorn
 
-    from bostudio.daemon.app import build_app
-    from bostudio.daemon.routes.control import DaemonInfo
+    from bostudio.daemon.http.app import build_app
+    from bostudio.daemon.http.routes.control import DaemonInfo
 
     token = read_token()
     check_bind(opts.host, token)
@@ -71,7 +71,7 @@ def run_daemon(opts: DaemonOptions) -> int:
     if alive is not None:
         raise DaemonError(f"a daemon is already running at {alive.url} (pid {alive.pid})",
                           "stop it with `bostudio daemon stop`, or use it")
-    from bostudio.daemon.record import start_recording
+    from bostudio.daemon.http.record import start_recording
 
     recorder = start_recording(Path(opts.record) if opts.record else None)
     log_path = _setup_logging()

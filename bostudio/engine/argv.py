@@ -1,4 +1,8 @@
-"""LaunchSpec → llama-server argv, checked against what the probed binary supports. Pure."""
+"""LaunchSpec → llama-server argv, checked against what the probed binary supports. Pure.
+
+With bostudio.launch, the one place llama-server flags are written: the speculator's (build_argv), the
+memory plan's (plan_args: context, offload, slots, cache types, threads, prompt cache), the chat template's
+(template_args) and the model kind's (kind_args)."""
 
 from __future__ import annotations
 
@@ -6,7 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bostudio.errors import EngineError
+from bostudio.gguf.capabilities import ModelCaps
 from bostudio.gguf.template import TemplateChoice
+from bostudio.planner.fit import OUTPUT_ON_HOST_OT, PROMPT_CACHE, Plan, plan_kind
+from bostudio.planner.memory import MIB
+from bostudio.planner.threads import ThreadPlan
 from bostudio.speculation import Speculator
 
 
@@ -61,7 +69,7 @@ def build_argv(server: Path, flags: frozenset[str], spec: LaunchSpec) -> list[st
         for variant, name, value in sp.ngram_params:
             argv += [f"--spec-{variant}-{name.replace('_', '-')}", str(value)]
     if spec.chat_template is not None:
-        argv += list(spec.chat_template.argv())
+        argv += list(template_args(spec.chat_template))
     argv += list(spec.extra_args)
     used = [a for a in argv[1:] if a.startswith("-") and not _is_number(a)]
     missing = sorted({a for a in used if a not in flags})
@@ -77,3 +85,65 @@ def _is_number(s: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def plan_args(plan: Plan) -> list[str]:
+    """The memory and CPU flags of the plan's chosen option: context, offload, slots, cache types (the
+    draft's too), decode and batch threads (Plan.threads), the prompt cache. The speculator's own flags
+    (--spec-type, -md, --spec-draft-n-max) come from `chosen.speculator` through build_argv. `-fit off`: this
+    plan is the fit, llama.cpp must not shrink it again. `-np N -kvu`: an explicit -np alone would turn the
+    unified KV pool the plan assumes (llama-server's -np auto) off."""
+    o, i = plan.chosen, plan.intent
+    args = ["-c", str(o.n_ctx), "-ngl", str(o.n_gpu_layers), "-np", str(i.n_parallel), "-kvu",
+            "-ctk", i.cache_type_k, "-ctv", i.cache_type_v, "-fit", "off"]
+    if i.flash_attn != "auto":  # always, once plan() has chosen: llama.cpp's own auto is on for a CPU
+        args += ["-fa", i.flash_attn]
+    if o.split:
+        # name the devices (their order is the -ts order) and fix each one's share of the layers
+        args += ["-dev", ",".join(name for name, _ in o.split), "-ts", ",".join(str(c) for _, c in o.split)]
+    if o.output_on_host and o.n_gpu_layers:
+        args += ["-ot", OUTPUT_ON_HOST_OT]
+    if plan_kind(o.speculator) == "draft":
+        args += ["-ngld", str(o.n_gpu_layers_draft)]
+        if o.draft_device is not None:
+            args += ["-devd", o.draft_device]
+    if plan_kind(o.speculator) in ("draft", "mtp"):
+        args += ["-ctkd", i.draft_cache_type_k, "-ctvd", i.draft_cache_type_v]
+    threads = plan.threads
+    args += thread_args(threads) if threads is not None else []
+    return args + prompt_cache_args(plan)
+
+
+def prompt_cache_args(plan: Plan) -> list[str]:
+    """--cache-ram sized by the plan (llama-server's default is 8192 MiB, counted nowhere), and --swa-full
+    when planned; none when the plan has no prompt cache."""
+    args = []
+    cram = plan.chosen.component_bytes(PROMPT_CACHE)
+    args += ["-cram", str(cram // MIB)] if plan.intent.prompt_cache else []
+    if plan.intent.swa_full and plan.model.sliding_window:
+        args.append("--swa-full")
+    return args
+
+
+def thread_args(threads: ThreadPlan) -> list[str]:
+    """-t and -tb of one child (bostudio.planner.threads)."""
+    return ["-t", str(threads.threads), "-tb", str(threads.threads_batch)]
+
+
+def template_args(choice: TemplateChoice) -> tuple[str, ...]:
+    """llama-server flags for a chat template choice (none for the GGUF's own template)."""
+    if choice.source == "shipped":
+        stops = tuple(a for s in choice.stops for a in ("--reverse-prompt", s))
+        return ("--jinja", "--chat-template-file", str(choice.file), *stops)
+    if choice.source == "builtin":
+        return ("--no-jinja", "--chat-template", choice.name)
+    return ()
+
+
+def kind_args(caps: ModelCaps) -> tuple[str, ...]:
+    """llama-server flags a model's kind needs (embeddings are off by default)."""
+    if caps.kind == "rerank":
+        return ("--reranking",)
+    if caps.kind == "embedding":
+        return ("--embeddings",) + (("--pooling", caps.pooling) if caps.pooling not in (None, "none") else ())
+    return ()

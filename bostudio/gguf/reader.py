@@ -82,7 +82,7 @@ class ArrayRef:
     """An array value, located in its file: where its elements start, how many bytes they take, their sha256.
 
     `values` holds the decoded elements for arrays of at most SMALL_ARRAY elements, else None; call
-    `read_strings()` / `read_values()` on a local file to decode a big one on demand.
+    `read_strings()` on a local file to decode a big string array on demand.
     """
 
     elem_type: ValueType
@@ -113,15 +113,6 @@ class ArrayRef:
                 out.append(data[off:off + n].decode("utf-8", "replace"))
             off += n
         return out
-
-    def read_values(self) -> tuple:
-        """Decode every element of a numeric/bool array, reading its local file now."""
-        if self.values is not None:
-            return self.values
-        if self.elem_type not in _SCALAR_CODES:
-            raise GGUFFormatError(f"{self.source}: array holds {self.elem_type.name}, not numbers")
-        data = _read_local_span(self.source, self.offset, self.nbytes)
-        return struct.unpack_from(f"{self.byteorder}{self.count}{_SCALAR_CODES[self.elem_type]}", data)
 
 
 def open_regular(path: str | os.PathLike[str]):

@@ -31,7 +31,7 @@ CHATML_TOOLS = "chatml-tools.jinja"
 # A base model writes ChatML's markers as plain text: generation stops there (and they stay out of replies).
 CHATML_STOPS = ("<|im_end|>", "<|im_start|>")
 # A shipped template's tool-call opening marker: a forced call's assistant turn starts with it
-# (daemon/normalise.py), so llama.cpp's grammar leaves the model only the call.
+# (daemon/http/normalise.py), so llama.cpp's grammar leaves the model only the call.
 CALL_PREFILL = {"gemma-tools.jinja": "<tool_call>\n", CHATML_TOOLS: "<tool_call>\n"}
 
 # Architectures -> llama.cpp's built-in template name for a GGUF without a template. Only where the
@@ -71,15 +71,6 @@ class TemplateChoice:
                 "builtin": f"llama.cpp's built-in {self.name!r}"}[self.source]
         tail = " (fallback: " + self.reason + ")" if self.is_fallback else ""
         return what + ("" if self.renders_tools else ", renders no tools") + tail
-
-    def argv(self) -> tuple[str, ...]:
-        """llama-server flags for this choice (none for the GGUF's own template)."""
-        if self.source == "shipped":
-            stops = tuple(a for s in self.stops for a in ("--reverse-prompt", s))
-            return ("--jinja", "--chat-template-file", str(self.file), *stops)
-        if self.source == "builtin":
-            return ("--no-jinja", "--chat-template", self.name)
-        return ()
 
     def to_json(self) -> dict:
         return {"source": self.source, "name": self.name, "file": str(self.file) if self.file else None,

@@ -7,6 +7,7 @@ plan view) and `bench` all go through here, so what is shown is what runs, and w
 
 from bostudio.launch.decide import N_SLOTS, Decision, LaunchInputs, LaunchIntent, Layout, decide, view
 from bostudio.launch.gather import gather, gather_and_decide
+from bostudio.launch.intents import bench_intent, child_intent, serve_intent
 
 __all__ = ["N_SLOTS", "Decision", "LaunchInputs", "LaunchIntent", "Layout", "decide", "view", "gather",
-           "gather_and_decide"]
+           "gather_and_decide", "bench_intent", "child_intent", "serve_intent"]

@@ -1,6 +1,7 @@
-"""The edge of the launch decision: gather its inputs once (this machine's devices, the RPC pool's,
-the speculator from a tuned profile / the pairing tables / a hub pull as the pull policy allows, the
-draft's header), then hand them to the pure decision (bostudio.launch.decide)."""
+"""The edge of the launch decision: gather its inputs once (the model's capabilities, hence its kind and
+the flags that kind needs; this machine's devices, the RPC pool's; the speculator from a tuned profile /
+the pairing tables / a hub pull as the pull policy allows; the draft's header), then hand them to the pure
+decision (bostudio.launch.decide). Callers state only what the user asked for (LaunchIntent)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from typing import Callable
 from bostudio.engine.discover import Engine
 from bostudio.errors import ModelError
 from bostudio.gguf import ModelInfo, describe
+from bostudio.gguf.capabilities import model_caps
 from bostudio.hardware import Device, discover_devices
 from bostudio.launch.decide import Decision, LaunchInputs, LaunchIntent, decide
-from bostudio.pairing.fetch import AskFn, choose_and_fetch
+from bostudio.pairing.edge.fetch import AskFn, choose_and_fetch
 from bostudio.rpc.probe import Pool
-from bostudio.speculation import DRAFT_N_MAX, SpecRequest, Speculator, parse_spec
+from bostudio.speculation import DRAFT_N_MAX, SpecRequest, Speculator, draft_length, parse_spec, with_draft_length
 
 
 def gather(info: ModelInfo, engine: Engine, intent: LaunchIntent = LaunchIntent(), *, pool: Pool = Pool(),
@@ -27,24 +29,31 @@ def gather(info: ModelInfo, engine: Engine, intent: LaunchIntent = LaunchIntent(
     allows). `speculator` replaces that choice (the daemon's fallback after speculation fell below
     break-even). `devices` replaces this machine's (`plan --devices-file`); the pool's devices are added
     either way. `make_self_draft=False` plans a self-draft before its low-bit copy exists (`plan`).
-    Raises for a missing or damaged draft and an incompatible one."""
-    request = parse_spec("off" if not intent.generates else "auto" if intent.spec == "on" else intent.spec)
+    The model's kind (chat, embedding, rerank: bostudio.gguf.capabilities) comes from its header; a model
+    read from a remote header alone is planned as a chat model. `intent.draft_len` replaces the draft
+    length of a speculator that has one. Raises for a missing or damaged draft and an incompatible one."""
+    caps = model_caps(info.path) if info.path.is_file() else None
+    generates = caps is None or caps.kind == "chat"
+    request = parse_spec("off" if not generates else "auto" if intent.spec == "on" else intent.spec)
     base = discover_devices(engine_devices=engine.devices).devices if devices is None else devices
     all_devices = tuple(base) + tuple(pool.devices)
     if speculator is None:
         speculator = _choose(info, request, engine, intent, all_devices, workload, pull, ask, log, make_self_draft)
+    if intent.draft_len is not None and draft_length(speculator) is not None:
+        n, why = intent.draft_len
+        speculator = with_draft_length(speculator, n, f"draft length {n} at run time: {why}")
     draft = None
     if speculator.draft is not None:
         if not speculator.draft.is_file():
             if make_self_draft:
                 raise ModelError(f"the chosen draft {speculator.draft} is not on this machine",
                                  "run `bostudio pair` to see why")
-            from bostudio.pairing.pair import self_draft_info  # planned before the copy exists
+            from bostudio.pairing.edge.pair import self_draft_info  # planned before the copy exists
 
             draft = self_draft_info(info, request.quant or "Q2_K") if request.mode == "self-draft" else None
         if draft is None:
             draft = describe(speculator.draft)  # a damaged draft is a clear error here, not in llama-server
-    return LaunchInputs(info, engine, all_devices, speculator, draft, pool, intent)
+    return LaunchInputs(info, engine, all_devices, speculator, draft, pool, intent, caps)
 
 
 def _choose(info: ModelInfo, request: SpecRequest, engine: Engine, intent: LaunchIntent,
@@ -53,7 +62,7 @@ def _choose(info: ModelInfo, request: SpecRequest, engine: Engine, intent: Launc
     if request.mode == "self-draft":
         # The seeds' layout: a low-bit copy of the target drafts for it (made once, cached); the
         # planner puts the copy whole on the fastest device and spreads the target.
-        from bostudio.pairing.pair import make_self_draft, self_draft_info
+        from bostudio.pairing.edge.pair import make_self_draft, self_draft_info
 
         assert request.quant is not None
         if not make:

@@ -27,7 +27,9 @@ SPEC_KINDS = ("none", "ngram", "draft", "mtp", "dflash", "dspark", "eagle3")
 DRAFT_MODEL_KINDS = ("draft", "dflash", "dspark", "eagle3")
 
 
-def _plan_kind(spec: Speculator) -> str:
+def plan_kind(spec: Speculator) -> str:
+    """How the plan places a speculator: draft (a model of its own, an MTP head in its own file included),
+    mtp, ngram or none."""
     if spec.kind in DRAFT_MODEL_KINDS or (spec.kind == "mtp" and spec.draft is not None):
         return "draft"
     return spec.kind
@@ -61,7 +63,7 @@ class _Spec:
 def _spec(spec: Speculator, draft: "ModelInfo | None", intent: "Intent") -> _Spec:
     if spec.kind not in SPEC_KINDS:
         raise PlanError(f"unknown speculator {spec.kind!r}", f"one of {', '.join(SPEC_KINDS)}")
-    kind = _plan_kind(spec)
+    kind = plan_kind(spec)
     if kind == "draft" and draft is None:
         raise PlanError("a draft speculator needs the draft model's header to be planned",
                         "pass draft=describe(draft_path)")
@@ -102,6 +104,7 @@ class Intent:
     # llama-servers that may compute on the host's cores at once (the daemon's children): the planned
     # CPU threads (planner.threads) are split between them.
     children: int = 1
+    threads: tuple[int, int] | None = None  # (-t, -tb) asked for instead of the planned ones (bench --threads)
 
     def __post_init__(self) -> None:
         if self.speculation not in ("auto", "on", "off"):
@@ -166,7 +169,7 @@ class Plan:
     """The planner's answer: both options, the choice and why, and what the speculator costs.
 
     `chosen.speculator` is what to launch (in auto mode it may be the fallback, not the one asked
-    for); `llama_args()` are the memory and CPU thread flags that go with it."""
+    for); bostudio.engine.argv.plan_args(plan) writes the memory and CPU thread flags that go with it."""
 
     model: "ModelInfo"
     devices: tuple[Device, ...]
@@ -198,44 +201,12 @@ class Plan:
         gpus = [d for d in self.devices if d.is_gpu]
         on_host = (not gpus or o.output_on_host
                    or o.n_gpu_layers < max_gpu_layers(self.model, include_nextn=o.speculator.kind == "mtp")
-                   or (_plan_kind(o.speculator) == "draft" and (o.n_gpu_layers_draft == 0 or o.draft_device == "none")))
-        return plan_threads(host.cores if host is not None else None, self.intent.children, on_host)
-
-    def llama_args(self) -> list[str]:
-        """The memory and CPU flags of the chosen option for llama-server: context, offload, slots, cache
-        types (the draft's too), decode and batch threads (`threads`). The speculator's own flags (--spec-type, -md, --spec-draft-n-max)
-        come from `chosen.speculator` through bostudio.engine.argv. `-fit off`: this plan is the
-        fit, llama.cpp must not shrink it again. `-np N -kvu`: an explicit -np alone would turn the
-        unified KV pool the plan assumes (llama-server's -np auto) off."""
-        o, i = self.chosen, self.intent
-        args = ["-c", str(o.n_ctx), "-ngl", str(o.n_gpu_layers), "-np", str(i.n_parallel), "-kvu",
-                "-ctk", i.cache_type_k, "-ctv", i.cache_type_v, "-fit", "off"]
-        if i.flash_attn != "auto":  # always, once plan() has chosen: llama.cpp's own auto is on for a CPU
-            args += ["-fa", i.flash_attn]
-        if o.split:
-            # name the devices (their order is the -ts order) and fix each one's share of the layers
-            args += ["-dev", ",".join(name for name, _ in o.split), "-ts", ",".join(str(c) for _, c in o.split)]
-        if o.output_on_host and o.n_gpu_layers:
-            args += ["-ot", OUTPUT_ON_HOST_OT]
-        if _plan_kind(o.speculator) == "draft":
-            args += ["-ngld", str(o.n_gpu_layers_draft)]
-            if o.draft_device is not None:
-                args += ["-devd", o.draft_device]
-        if _plan_kind(o.speculator) in ("draft", "mtp"):
-            args += ["-ctkd", i.draft_cache_type_k, "-ctvd", i.draft_cache_type_v]
-        threads = self.threads
-        args += threads.args() if threads is not None else []
-        return args + self.prompt_cache_args()
-
-    def prompt_cache_args(self) -> list[str]:
-        """--cache-ram sized by the plan (llama-server's default is 8192 MiB, counted nowhere), and
-        --swa-full when planned; none when the plan has no prompt cache."""
-        args = []
-        cram = self.chosen.component_bytes(PROMPT_CACHE)
-        args += ["-cram", str(cram // MIB)] if self.intent.prompt_cache else []
-        if self.intent.swa_full and self.model.sliding_window:
-            args.append("--swa-full")
-        return args
+                   or (plan_kind(o.speculator) == "draft" and (o.n_gpu_layers_draft == 0 or o.draft_device == "none")))
+        cores = host.cores if host is not None else None
+        if self.intent.threads is not None:
+            t, tb = self.intent.threads
+            return ThreadPlan(t, tb, cores or max(t, tb), self.intent.children, f"-t {t} -tb {tb} as asked")
+        return plan_threads(cores, self.intent.children, on_host)
 
 
 # ---------------------------------------------------------------- memory of one configuration
@@ -632,7 +603,7 @@ def placement(model: "ModelInfo", devices: Iterable[Device], intent: Intent, spe
                               offloaded_sizes(model, ngl, speculator.kind == "mtp", output_on_host))
         split = tuple((g.label, c) for g, c in zip(gpus, counts))
     draft_device = None
-    if _plan_kind(speculator) == "draft" and (multi_device(devs) or any(d.remote for d in devs)):
+    if plan_kind(speculator) == "draft" and (multi_device(devs) or any(d.remote for d in devs)):
         fast = fastest_device(devs)
         draft_device = fast.label if fast.is_gpu else "none"  # "none": the draft stays on the host
     return split, draft_device
@@ -734,7 +705,7 @@ def choose_flash_attn(model: "ModelInfo", devices: tuple[Device, ...], intent: I
     slower (436 -> 388 tok/s) and decoded 5% slower (81 -> 77) and took ngram-mod's 1.24x decode gain to
     1.00x; llama.cpp #27086 (Arm Neoverse, up to 2x prefill) and llamafile #975 (Ice Lake, 16-74%) saw it too.
     A process left to the default also landed at either speed from one start to the next."""
-    drafts = _plan_kind(speculator) in ("draft", "mtp") and intent.speculation != "off"
+    drafts = plan_kind(speculator) in ("draft", "mtp") and intent.speculation != "off"
     quant_v = next((f"{what}{t} V cache" for what, t in (("a ", intent.cache_type_v),
                                                           ("the draft's ", intent.draft_cache_type_v if drafts else "f16"))
                     if t not in FULL_V_TYPES), None)
@@ -823,27 +794,6 @@ def _plan(model: "ModelInfo", devs: tuple[Device, ...], intent: Intent, speculat
     return Plan(model, devs, intent, with_, without, fb if fb.fits else without, why, cost, tokens)
 
 
-def plan_for_launch(model: "ModelInfo", devices: Iterable[Device], *, ctx: int | None = None,
-                    speculator: Speculator = NO_SPEC, draft: "ModelInfo | None" = None,
-                    speculation: str = "auto", cache_type: str = "f16", draft_cache_type: str = "f16",
-                    n_parallel: int = 4, reserve: int = 1 * GIB, prompt_cache: bool = False,
-                    children: int = 1) -> Plan:
-    """The launcher's entry point: plan one model (+ speculator) for these devices. Launch
-    `plan.chosen.speculator` with `plan.llama_args()` appended to the argv (LaunchSpec.extra_args,
-    ctx = plan.chosen.n_ctx). `prompt_cache`: plan prompt reuse (a sized --cache-ram, --swa-full).
-    `children`: llama-servers sharing the host's cores (the CPU threads are split between them).
-    Raises PlanError when nothing fits."""
-    intent = Intent(ctx=ctx, speculation=speculation, cache_type_k=cache_type, cache_type_v=cache_type,
-                    draft_cache_type_k=draft_cache_type, draft_cache_type_v=draft_cache_type,
-                    n_parallel=n_parallel, reserve=reserve, prompt_cache=prompt_cache, swa_full=prompt_cache,
-                    children=children)
-    p = plan(model, devices, intent, speculator, draft)
-    if not p.chosen.fits:
-        raise PlanError(f"{model.path.name} does not fit on these devices: {p.chosen.reason}",
-                        "use a smaller quant, a smaller --ctx, or a quantized KV cache (--cache-type q8_0)")
-    return p
-
-
 @dataclass(frozen=True)
 class FitChange:
     """One change that makes a plan fit: what changes, the intent with it, and the option found."""
@@ -879,5 +829,5 @@ def what_would_fit(model: "ModelInfo", devices: Iterable[Device], intent: Intent
     return out
 
 
-__all__ = ["OUTPUT_ON_HOST_OT", "PROMPT_CACHE", "prompt_cache_bytes", "Intent", "Use", "PlanOption", "Plan", "plan", "plan_for_launch", "what_would_fit", "FitChange", "fit_option", "largest_ctx",
+__all__ = ["OUTPUT_ON_HOST_OT", "PROMPT_CACHE", "prompt_cache_bytes", "Intent", "Use", "PlanOption", "Plan", "plan", "what_would_fit", "FitChange", "fit_option", "largest_ctx",
            "memory_uses", "spec_label", "default_fallback", "NO_SPEC", "NGRAM_SPEC", "MTP_SPEC", "MIB", "GIB"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
 from bostudio.hardware.device import Device
-from bostudio.planner.fit import Plan, PlanOption, _plan_kind, fastest_device, llama_device_order, spec_label
+from bostudio.planner.fit import Plan, PlanOption, fastest_device, llama_device_order, plan_kind, spec_label
 from bostudio.planner.memory import GIB, MIB
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ def placement_lines(p: Plan) -> list[str]:
                      f"in the output layer's slot)")
         lines.append("  why: it fits no offload device, and llama.cpp would put it on the last one, "
                      "leaving no room for any layer")
-    kind = _plan_kind(o.speculator)
+    kind = plan_kind(o.speculator)
     if kind == "draft":
         fast = fastest_device(devs)
         where = o.draft_device or (fast.label if fast.is_gpu else host)

@@ -75,7 +75,8 @@ def option_bars(o: PlanOption) -> list[dict[str, Any]]:
     return out
 
 
-def render_plan(p: Plan) -> str:
+def render_plan(p: Plan, flags: list[str]) -> str:
+    """The plan for a terminal; `flags`: its memory and thread flags (bostudio.engine.argv.plan_args)."""
     m = p.model
     lines = [f"{m.path.name}: {m.architecture}, {m.n_layer} layers"
              + (f" (+{m.n_nextn} MTP)" if m.n_nextn else "")
@@ -95,7 +96,7 @@ def render_plan(p: Plan) -> str:
     t = p.threads
     if t is not None:
         lines.append(f"threads: -t {t.threads} -tb {t.threads_batch}: {t.why}")
-    lines.append("memory and thread flags: " + " ".join(p.llama_args()))
+    lines.append("memory and thread flags: " + " ".join(flags))
     return "\n".join(lines)
 
 
@@ -110,14 +111,15 @@ def option_json(o: PlanOption) -> dict[str, Any]:
             "uses": [{"device": u.device, "component": u.component, "bytes": u.bytes} for u in o.uses]}
 
 
-def plan_json(p: Plan) -> dict[str, Any]:
+def plan_json(p: Plan, flags: list[str]) -> dict[str, Any]:
+    """The plan as JSON; `flags`: its memory and thread flags (bostudio.engine.argv.plan_args)."""
     return {"model": str(p.model.path), "architecture": p.model.architecture,
             "devices": [d.to_json() for d in p.devices],
             "with_speculation": option_json(p.with_spec) if p.with_spec else None,
             "without_speculation": option_json(p.without_spec),
             "chosen": p.chosen.speculator.kind, "why": p.why,
             "spec_cost_bytes": p.spec_cost_bytes, "spec_cost_tokens": p.spec_cost_tokens,
-            "llama_args": p.llama_args(), "placement": placement_lines(p),
+            "llama_args": flags, "placement": placement_lines(p),
             "threads": p.threads.to_json() if p.threads is not None else None,
             "flash_attn": p.flash_attn_json(),
             "network": _network_json(p)}

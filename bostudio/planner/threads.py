@@ -58,9 +58,6 @@ class ThreadPlan:
     children: int
     why: str
 
-    def args(self) -> list[str]:
-        return ["-t", str(self.threads), "-tb", str(self.threads_batch)]
-
     def to_json(self) -> dict:
         return {"threads": self.threads, "threads_batch": self.threads_batch, "cores": self.cores,
                 "children": self.children, "headroom": headroom_cores(self.cores), "why": self.why}

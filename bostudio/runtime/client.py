@@ -1,7 +1,11 @@
-"""A small llama-server HTTP client: health, slots, completions, metrics. Explicit timeouts.
+"""The llama-server HTTP clients: LlamaClient (blocking: up, bench, the speculation probe) and AsyncLlamaClient
+(the daemon's, one per child: ready-wait, slots, /metrics, prompt counts). Explicit timeouts.
 
-httpx's errors are translated here, once: a call that gets no answer or an error status raises ServerError
-with what was asked and where the server's log is, so callers handle bostudio's errors only.
+httpx's errors are translated here, once: a blocking call that gets no answer or an error status raises
+ServerError with what was asked and where the server's log is; an async call that gets no answer raises
+ChildError, which says whether the request reached the child (the daemon decides from that whether the child
+died of it). So callers handle bostudio's errors only. The daemon's streaming path (runtime/passthrough.py)
+raises the same ChildError.
 """
 
 from __future__ import annotations
@@ -13,6 +17,32 @@ import httpx
 from bostudio.errors import ServerError
 
 TIMEOUT = httpx.Timeout(10.0, connect=2.0)
+CONNECT, TIMED_OUT, BROKEN, GARBLED = "connect", "timeout", "broken", "garbled"
+
+
+class ChildError(ServerError):
+    """A request to a llama-server child got no (whole) answer. `kind`: CONNECT (nothing reached the child),
+    TIMED_OUT (it said nothing within the timeout), BROKEN (the connection broke with the request in it) or
+    GARBLED (an answer httpx could not read)."""
+
+    def __init__(self, message: str, hint: str = "", kind: str = BROKEN) -> None:
+        super().__init__(message, hint)
+        self.kind = kind
+
+    @property
+    def reached(self) -> bool:
+        """Whether the child may have had (part of) the request."""
+        return self.kind != CONNECT
+
+    def __repr__(self) -> str:
+        return f"ChildError({self.message!r}, kind={self.kind!r})"
+
+
+def child_error(exc: httpx.HTTPError, what: str) -> ChildError:
+    """httpx's error for a request to a child, as a ChildError."""
+    kind = (CONNECT if isinstance(exc, httpx.ConnectError) else TIMED_OUT if isinstance(exc, httpx.TimeoutException)
+            else BROKEN if isinstance(exc, httpx.TransportError) else GARBLED)
+    return ChildError(f"{what}: {exc!r}", kind=kind)
 
 
 class LlamaClient:
@@ -76,21 +106,41 @@ class LlamaClient:
 
 
 class AsyncLlamaClient:
-    """What an event loop asks a llama-server while it loads (the daemon's ready-wait)."""
+    """The daemon's client of one child: any status comes back as a response, a request that gets no answer
+    raises ChildError. `name` goes into the errors."""
 
-    def __init__(self, base_url: str, api_key: str | None = None) -> None:
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: httpx.Timeout = httpx.Timeout(2.0), *,
+                 name: str = "llama-server", transport: httpx.AsyncBaseTransport | None = None) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=httpx.Timeout(2.0), trust_env=False)
+        self.http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout, trust_env=False,
+                                      transport=transport)
+        self.name = name
 
     async def __aenter__(self) -> "AsyncLlamaClient":
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
         await self.http.aclose()
+
+    async def request(self, method: str, path: str, **kw) -> httpx.Response:  # type: ignore[no-untyped-def]
+        """The child's answer, whatever its status; ChildError when there is none."""
+        try:
+            return await self.http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise child_error(exc, f"{self.name}: {method} {path} failed") from exc
+
+    async def get(self, path: str, **kw) -> httpx.Response:  # type: ignore[no-untyped-def]
+        return await self.request("GET", path, **kw)
+
+    async def post(self, path: str, **kw) -> httpx.Response:  # type: ignore[no-untyped-def]
+        return await self.request("POST", path, **kw)
 
     async def health(self) -> int | None:
         """HTTP status of /health: 200 ready, 503 loading; None when nothing answers (not listening yet)."""
         try:
-            return (await self.http.get("/health")).status_code
-        except httpx.HTTPError:
+            return (await self.get("/health")).status_code
+        except ChildError:
             return None

@@ -21,8 +21,8 @@ def is_loopback(host: str) -> bool:
 
 def free_loopback_port(avoid: Collection[int] = ()) -> int:
     """A port on 127.0.0.1 that nothing listens on now (the OS picks it), and none of `avoid`: ports already
-    handed to servers that may not have bound them yet, which the OS can pick again (goal run 7: a bench
-    restart's fifth server was given the first's port before that one had bound it)."""
+    handed to servers that may not have bound them yet, which the OS can pick again (a bench restart's
+    fifth server was once given the first's port before that one had bound it)."""
     while (port := _os_pick()) in avoid:
         pass
     return port

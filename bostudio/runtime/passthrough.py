@@ -6,8 +6,8 @@ token is taken from llama-server's own threads. httpx/httpcore/h11 cost ~1.5 ms 
 a 2-core machine (decode through the daemon at 93-96% of direct); this reader costs a fraction of it.
 llama-server closes a connection after a streamed response anyway, so there is no pool to keep:
 each request opens its own connection (`Connection: close`), which also makes cancelling a request
-as simple as closing its socket. Errors are raised as httpx's exception types, so callers handle one
-family: ConnectError (nothing was sent), RemoteProtocolError (no response), ReadError (cut off).
+as simple as closing its socket. Errors are raised as runtime/client.py's ChildError, as the daemon's
+other requests to children: kind CONNECT (nothing was sent), else BROKEN (no response, or cut off).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator
 
-import httpx
+from bostudio.runtime.client import BROKEN, CONNECT, ChildError
 
 _QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux only
 READ_LIMIT = 1 << 20
@@ -70,7 +70,7 @@ class UpstreamResponse:
                 while data := await r.read(1 << 16):
                     yield data
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError, ValueError) as exc:
-            raise httpx.ReadError(f"the response was cut off: {exc!r}") from exc
+            raise ChildError(f"the response was cut off: {exc!r}", kind=BROKEN) from exc
 
     async def aclose(self) -> None:
         self._writer.close()
@@ -86,7 +86,7 @@ async def post(host: str, port: int, path: str, body: bytes, api_key: str,
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=READ_LIMIT), timeout)
     except (OSError, asyncio.TimeoutError) as exc:
-        raise httpx.ConnectError(f"cannot connect to {host}:{port}: {exc!r}") from exc
+        raise ChildError(f"cannot connect to {host}:{port}: {exc!r}", kind=CONNECT) from exc
     sock = writer.get_extra_info("socket")
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -99,10 +99,10 @@ async def post(host: str, port: int, path: str, body: bytes, api_key: str,
         raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), headers_timeout)
     except (asyncio.IncompleteReadError, ConnectionError) as exc:
         writer.close()
-        raise httpx.RemoteProtocolError("Server disconnected without sending a response.") from exc
+        raise ChildError("Server disconnected without sending a response.", kind=BROKEN) from exc
     except (asyncio.TimeoutError, asyncio.LimitOverrunError) as exc:
         writer.close()
-        raise httpx.ReadError(f"no response headers: {exc!r}") from exc
+        raise ChildError(f"no response headers: {exc!r}", kind=BROKEN) from exc
     except BaseException:
         writer.close()
         raise
@@ -111,7 +111,7 @@ async def post(host: str, port: int, path: str, body: bytes, api_key: str,
         status = int(lines[0].split(" ", 2)[1])
     except (IndexError, ValueError) as exc:
         writer.close()
-        raise httpx.RemoteProtocolError(f"bad status line {lines[0]!r}") from exc
+        raise ChildError(f"bad status line {lines[0]!r}", kind=BROKEN) from exc
     headers = {}
     for line in lines[1:]:
         if ":" in line:

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -82,32 +81,6 @@ class LoadWatch:
 
     def silent_for(self, now: float) -> float:
         return now - self.last_change
-
-
-@dataclass
-class CrashHistory:
-    """Crash bookkeeping for one supervised server: restart with exponential backoff, and give up
-    after `limit` crashes within `window` seconds."""
-
-    limit: int = 5
-    window: float = 60.0
-    base_delay: float = 0.25
-    max_delay: float = 8.0
-    times: list[float] = field(default_factory=list)
-
-    def record(self, now: float) -> None:
-        self.times = [t for t in self.times if now - t < self.window] + [now]
-
-    def crash_loop(self) -> bool:
-        return len(self.times) >= self.limit
-
-    def backoff(self) -> float:
-        """Seconds to wait before the next restart: base, 2x base, 4x base ... capped."""
-        n = max(1, len(self.times))
-        return min(self.max_delay, self.base_delay * 2 ** (n - 1))
-
-    def reset(self) -> None:
-        self.times.clear()
 
 
 def log_size(path: Path) -> int:

@@ -48,7 +48,7 @@ class Store:
             return None
         if kind == "state" and isinstance(ev.get("instance"), dict):
             self.instances[model] = ev["instance"]
-        elif kind == "progress" and isinstance(ev.get("prefill"), list):  # issue33: prompts in progress
+        elif kind == "progress" and isinstance(ev.get("prefill"), list):  # prompts in progress
             self.instances.setdefault(model, {"model": model})["prefill"] = ev["prefill"]
         elif kind == "stats" and isinstance(ev.get("stats"), dict):
             self.instances.setdefault(model, {"model": model})["stats"] = ev["stats"]

@@ -38,10 +38,6 @@ def size(n: object) -> str:
     return human_bytes(int(n)) if isinstance(n, (int, float)) else "-"
 
 
-def num(value: object, spec: str = ".1f", none: str = "-") -> str:
-    return format(value, spec) if isinstance(value, (int, float)) else none
-
-
 def pct(value: object) -> str:
     return f"{100 * value:.0f}%" if isinstance(value, (int, float)) else "-"
 

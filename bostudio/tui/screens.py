@@ -486,7 +486,7 @@ class PlanScreen(BaseScreen):
         if p.get("cost_line"):
             lines.append(f"trade-off: {safe(p['cost_line'])}")
         lines.append(f"why: {safe(p.get('why', ''))}")
-        if (p.get("chat_template") or {}).get("label"):  # issue21
+        if (p.get("chat_template") or {}).get("label"):  # which template serves it, fallback or not
             lines.append(f"chat template: {safe(p['chat_template']['label'])}")
         lines += [f"  {safe(line)}" for line in p.get("placement", [])]  # with RPC workers: where each part lives
         lines += [f"  [yellow]{safe(problem)}[/]" for problem in p.get("rpc_problems", [])]
@@ -600,9 +600,9 @@ class RunningScreen(BaseScreen):
                  + (f" in {inst['ready_s']:.1f} s" if inst.get("state") == "ready" and inst.get("ready_s") else "")
                  + f", memory {size(plan.get('bytes'))} planned (ctx {inst.get('ctx')}, KV {safe(inst.get('cache_type', 'f16'))})",
                  f"speculation {safe(inst.get('speculation') or '-')}: {safe(status.get('detail', 'not verified yet'))}"]
-        for p in inst.get("prefill") or []:  # issue33: a long prompt in progress, its rate and the time left
+        for p in inst.get("prefill") or []:  # a long prompt in progress, its rate and the time left
             lines.append(f"[b yellow]{safe(prefill_line(p))}[/]")
-        if (inst.get("chat_template") or {}).get("label"):  # issue21: which template, fallback or not
+        if (inst.get("chat_template") or {}).get("label"):  # which template, fallback or not
             lines.append(f"chat template {safe(inst['chat_template']['label'])}")
         if inst.get("error"):
             err = inst["error"]
