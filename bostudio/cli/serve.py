@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from bostudio.cli.options import (add_cache_type, add_ctx, add_engine, add_flash_attn, add_pull, add_rpc, add_spec,
-                                   add_workload, json_flag, model_or_default)
+                                   add_stall_timeout, add_workload, json_flag, model_or_default)
 from bostudio.cli.output import print_json, quote
 
 
@@ -195,7 +195,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     return run_up(UpOptions(model=args.model, ctx=args.ctx, cache_type=args.cache_type, flash_attn=args.flash_attn,
                             spec=args.spec,
                             port=args.port or 8080, host=args.host, engine=args.engine, pull=args.pull,
-                            workload=args.workload, rpc=args.rpc))
+                            workload=args.workload, rpc=args.rpc,
+                            stall_timeout=120.0 if args.stall_timeout is None else args.stall_timeout))
 
 
 def _mib(n: int | None) -> str:
@@ -305,6 +306,7 @@ def cmd_up_daemon(args: argparse.Namespace) -> int:
 
     extra = ["--engine", args.engine] if args.engine else []
     extra += ["--rpc", args.rpc] if args.rpc else []
+    extra += ["--stall-timeout", str(args.stall_timeout)] if args.stall_timeout is not None else []
     rec = start_background(DaemonOptions(host=args.host, port=args.port or DEFAULT_PORT), extra)
     model = args.model or DEFAULT_NAME
     if Path(model).expanduser().is_file():
@@ -346,6 +348,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", metavar="H",
                    help="address to bind (default 127.0.0.1, loopback only)")
     add_engine(p, "llama-server binary to use (default: the best one found, see `engine list`)")
+    add_stall_timeout(p, None)
     add_pull(p, "may a drafter the pairing table names be downloaded from the hub? ask (default on a terminal: shows "
                 "its size, memory and why, then asks), always, never (default headless); or [pull] policy in "
                 "config.toml. A declined or failed pull falls back to the next candidate", ask=True)

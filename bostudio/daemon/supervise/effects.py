@@ -250,7 +250,8 @@ class EffectsRunner:
         assert inst.proc is not None and inst.speculator is not None
         with LlamaClient(inst.proc.base_url, inst.api_key, timeout=httpx.Timeout(self.opts.stall_timeout, connect=2.0),
                          log_path=inst.log_path) as client:
-            return verify_speculation(client, inst.speculator, inst.log_path, self.opts.probe_tokens)
+            return verify_speculation(client, inst.speculator, inst.log_path, self.opts.probe_tokens,
+                                      timeout=max(self.opts.stall_timeout, 120.0))
 
     # ------------------------------------------------------------------ a running child
 

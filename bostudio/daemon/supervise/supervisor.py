@@ -35,6 +35,7 @@ from bostudio.rpc.probe import Pool, discover_pool
 from bostudio.rpc.workers import Worker
 from bostudio.runtime.client import ChildError
 from bostudio.runtime.metrics import parse_metrics
+from bostudio.runtime.process import LOAD_TIMEOUT_S
 from bostudio.speculation import draft_length, draft_length_ceiling, parse_spec
 
 log = logging.getLogger("bostudio.daemon")
@@ -48,7 +49,7 @@ class SupervisorOptions:
     memory_budget: int = 0  # bytes; 0: 80% of this machine's RAM
     idle_ttl: float = 600.0  # seconds; 0: never unload idle models
     stall_timeout: float = 120.0  # a silent loader is killed after this
-    load_timeout: float = 900.0
+    load_timeout: float = LOAD_TIMEOUT_S
     grace: float = 10.0  # SIGTERM -> SIGKILL
     probe_tokens: int = 16
     ctx: int | None = None  # None: the largest context that fits, up to the model's training context
