@@ -112,7 +112,7 @@ def run_up(opts: UpOptions, out=sys.stdout) -> int:
     engine, plan, speculator, alias = prep.engine, prep.plan, prep.launch.speculator, prep.launch.alias
     argv = prep.argv
     log_path = paths.logs_dir() / f"up-{opts.port}.log"
-    server = ServerProcess(argv, opts.port, log_path, host=opts.host)
+    server = ServerProcess(argv, opts.port, log_path, host=opts.host, env=engine.server_env())
 
     # SIGINT too: a shell starts a background job with SIGINT ignored, and Python then installs no
     # handler of its own, so `kill -INT` (or a supervisor's Ctrl-C) would not stop it.

@@ -122,6 +122,22 @@ def test_a_software_device_counts_as_no_gpu_when_choosing(monkeypatch: pytest.Mo
     assert any("software device" in n for n in vk_soft.notes()) and vk_gpu.notes() == ()
 
 
+def test_llama_server_on_a_software_device_runs_without_vulkan_graph_optimisation() -> None:
+    """lavapipe crashed in a queue submission on batches of ~9-32 tokens with ggml-vulkan's graph optimisation
+    (every chat request's first prompt): an engine that sees a software device starts llama-server with it off,
+    a user's own value is kept, a real GPU keeps it on, and the base environment is copied, not changed."""
+    lavapipe = EngineDevice("Vulkan0", "llvmpipe (LLVM 15.0.6, 256 bits)", 7940, 7940, "vulkan")
+    radv = EngineDevice("Vulkan0", "AMD Radeon RX 7900 XTX (RADV NAVI31)", 24560, 23512, "vulkan")
+    base = {"PATH": "/bin", "LLAMA_API_KEY": "k"}
+    soft = Engine(Path("/vk"), "built", backends=("cpu", "vulkan"), devices=(lavapipe,)).server_env(base)
+    assert soft == {**base, "GGML_VK_DISABLE_GRAPH_OPTIMIZE": "1"} and "GGML_VK_DISABLE_GRAPH_OPTIMIZE" not in base
+    mixed = Engine(Path("/vk"), "built", devices=(radv, lavapipe)).server_env(
+        {**base, "GGML_VK_DISABLE_GRAPH_OPTIMIZE": "0"})
+    assert mixed["GGML_VK_DISABLE_GRAPH_OPTIMIZE"] == "0"
+    assert Engine(Path("/vk3"), "built", devices=(radv,)).server_env(base) == base
+    assert Engine(Path("/cpu"), "built").server_env(base) == base
+
+
 def test_second_build_returns_the_cached_engine_without_compiling(engine: Engine, monkeypatch) -> None:
     def no_build(*args: object, **kwargs: object) -> None:
         raise AssertionError(f"a cached engine was built again: {args[0] if args else kwargs}")

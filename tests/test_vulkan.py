@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from bostudio.engine.build import backend_flags, built_engines, is_current_default
@@ -258,3 +259,95 @@ def test_two_lavapipe_devices_split_the_target_and_the_draft_goes_to_one(
             assert within(want, got, 0.05), (dev, comp, want, got, reported)
     # the draft's weights land on the device the plan names
     assert rep.models[1].get(p.chosen.draft_device, 0) > 0, rep.models
+
+
+# ---------------------------------------------------------------- serving on the device: up and the daemon
+
+# lavapipe compiles its pipelines at a server's first requests, silently, for minutes on two cores: the stall
+# timeout of `up` and the daemon is raised for it (docs/vulkan.md). A hang guard, not a speed verdict.
+VK_STALL_S = "900"
+
+
+def test_up_serves_gemma_offloaded_to_vulkan0_with_speculation_verified(vk_engine: Engine, gemma_gguf: Path,
+                                                                        tmp_path: Path) -> None:
+    import signal
+
+    from tests.netutil import free_port, port_is_free
+
+    info = describe(gemma_gguf)
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(TESTS.parent), XDG_STATE_HOME=str(tmp_path / "state"),
+               XDG_CONFIG_HOME=str(tmp_path / "config"))
+    proc = subprocess.Popen([sys.executable, "-m", "bostudio", "up", str(gemma_gguf), "--engine", str(vk_engine.path),
+                             "--ctx", "4096", "--stall-timeout", VK_STALL_S, "--port", str(port)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        while not lines or not lines[-1].startswith("Press Ctrl-C"):
+            line = proc.stdout.readline()
+            assert line, f"up exited before it was ready: {''.join(lines)}{proc.stderr.read() if proc.stderr else ''}"
+            lines.append(line)
+        text = "".join(lines)
+        assert "speculation     : ngram-mod - active" in text, text
+        assert "Vulkan0)" in next(ln for ln in lines if ln.lstrip().startswith("engine")), text
+        (server,) = [p for p in psutil_children(proc.pid) if "llama-server" in p.name()]
+        argv = server.cmdline()
+        assert argv[argv.index("-ngl") + 1] == str(info.n_block + 1)  # every layer and the output, as planned
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=600, trust_env=False,
+                       json={"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert port_is_free(port)
+
+
+def psutil_children(pid: int):  # type: ignore[no-untyped-def]
+    import psutil
+
+    return psutil.Process(pid).children(recursive=True)
+
+
+def test_the_daemon_evicts_by_the_device_budget_and_reloads(vk_engine: Engine, gemma_gguf: Path,
+                                                            tmp_path: Path) -> None:
+    """Two copies of Gemma, each offloaded whole, and a Vulkan0 capped at one and a half of them in
+    config.toml: loading the second evicts the first (the host's budget would hold both), and a request for
+    the first reloads it, evicting the second."""
+    from bostudio.gguf import describe as read
+    from tests.daemon_util import DaemonProc
+
+    one = plan(read(gemma_gguf), discover_devices(engine_devices=vk_engine.devices, budgets={}).devices,
+               Intent(ctx=4096)).chosen.device_bytes("Vulkan0")
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "gemma-a.gguf").symlink_to(gemma_gguf)
+    (models / "gemma-b.gguf").symlink_to(gemma_gguf)
+    (tmp_path / "config" / "bostudio").mkdir(parents=True)
+    (tmp_path / "config" / "bostudio" / "config.toml").write_text(
+        f"[devices.Vulkan0]\nbudget_mib = {int(one * 1.5) // MIB}\n")
+    d = DaemonProc(tmp_path, models, ["--engine", str(vk_engine.path), "--stall-timeout", VK_STALL_S,
+                                      "--idle-ttl", "0", "--no-prompt-reuse"]).start()
+    try:
+        with d.http(1800) as http:
+            def load(name: str) -> dict:
+                r = http.post("/bostudio/instances", json={"model": name, "ctx": 4096})
+                assert r.status_code == 200, r.text
+                return r.json()
+
+            a = load("gemma-a")
+            assert a["state"] == "ready" and a["plan"]["uses"] and \
+                {u["device"] for u in a["plan"]["uses"] if u["component"] == "weights"} >= {"Vulkan0"}
+            load("gemma-b")
+            assert d.instance("gemma-a")["state"] == "stopped", "gemma-a still holds Vulkan0"
+            r = http.post("/v1/completions", json={"model": "gemma-a", "prompt": "1 + 1 =", "max_tokens": 2})
+            assert r.status_code == 200, r.text
+            a = d.instance("gemma-a")
+            assert a["state"] == "ready" and a["loads"] == 2
+            assert d.instance("gemma-b")["state"] == "stopped"
+        log = (tmp_path / "state" / "bostudio" / "logs" / "daemon.log").read_text()
+        assert "gemma-a: evicted to make room for gemma-b" in log and "gemma-b: evicted to make room for gemma-a" in log
+    finally:
+        assert d.stop() == 0
+    assert not d.children()

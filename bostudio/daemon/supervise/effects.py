@@ -219,7 +219,7 @@ class EffectsRunner:
         argv = decision.argv(port=inst.port, alias=cfg.name,
                              slot_dir=sup.slot_store.ensure() if reuse and sup.slot_store is not None else None)
         # The key goes through the environment, not argv (which every local user can read).
-        env = {**os.environ, "LLAMA_API_KEY": inst.api_key}
+        env = engine.server_env({**os.environ, "LLAMA_API_KEY": inst.api_key})
         inst.proc = ServerProcess(argv, inst.port, inst.log_path, api_key=inst.api_key, env=env)
         inst.in_flight.clear()  # requests of earlier launches ended with them
         inst.died_with.clear()

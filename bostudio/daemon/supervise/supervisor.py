@@ -403,6 +403,7 @@ class Supervisor:
                                    "stop a model (`bostudio stop MODEL`), use a smaller context, or raise "
                                    "--memory-budget")
         for name in victims:
+            log.info("%s: evicted to make room for %s", name, inst.name)
             self.bus.publish("evict", model=name, for_model=inst.name)
             await self.stop(name, reason="evicted")
 
