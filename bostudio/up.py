@@ -23,7 +23,7 @@ from bostudio.rpc.probe import Pool, discover_pool
 from bostudio.rpc.workers import Worker, select_workers, workers_from_config
 from bostudio.runtime.client import LlamaClient
 from bostudio.runtime.net import check_port_free
-from bostudio.runtime.process import ServerProcess, tail
+from bostudio.runtime.process import LOAD_TIMEOUT_S, ServerProcess, tail
 from bostudio.runtime.verify import verify_speculation
 from bostudio.speculation import parse_spec
 
@@ -41,6 +41,7 @@ class UpOptions:
     workload: str | None = None  # the tuned profile to use in auto mode; None: config.toml's, else "code"
     pull: str | None = None  # ask | always | never; None: config.toml [pull], else ask on a terminal, never headless
     rpc: str | None = None  # --rpc HOST:PORT,...; None: config.toml's [[rpc]] workers; "none": no workers
+    stall_timeout: float = 120.0  # a loading llama-server silent this long is stopped (one printing progress never)
 
 
 def _raise_stop(signum: int, frame: object) -> None:
@@ -111,7 +112,7 @@ def run_up(opts: UpOptions, out=sys.stdout) -> int:
     engine, plan, speculator, alias = prep.engine, prep.plan, prep.launch.speculator, prep.launch.alias
     argv = prep.argv
     log_path = paths.logs_dir() / f"up-{opts.port}.log"
-    server = ServerProcess(argv, opts.port, log_path, host=opts.host)
+    server = ServerProcess(argv, opts.port, log_path, host=opts.host, env=engine.server_env())
 
     # SIGINT too: a shell starts a background job with SIGINT ignored, and Python then installs no
     # handler of its own, so `kill -INT` (or a supervisor's Ctrl-C) would not stop it.
@@ -119,9 +120,9 @@ def run_up(opts: UpOptions, out=sys.stdout) -> int:
     try:
         note(f"starting llama-server on {alias} (speculation: {speculator.label}; log: {log_path})")
         server.start()
-        ready_s = server.wait_ready()
+        ready_s = server.wait_ready(timeout=LOAD_TIMEOUT_S, stall_timeout=opts.stall_timeout)
         with LlamaClient(server.base_url, log_path=log_path) as client:
-            status = verify_speculation(client, speculator, log_path)
+            status = verify_speculation(client, speculator, log_path, timeout=max(opts.stall_timeout, 120.0))
         devices = ", ".join(d.name for d in engine.devices) or "CPU"
         say(f"bostudio up: {alias} is ready in {ready_s:.1f} s")
         say(f"  OpenAI base URL : {server.base_url}/v1")

@@ -16,6 +16,29 @@ need=()
 command -v cmake >/dev/null || need+=(cmake)
 command -v c++ >/dev/null || need+=(g++)
 command -v ninja >/dev/null || need+=(ninja-build)
+# The Vulkan engine (BOSTUDIO_BACKEND=vulkan, or the Vulkan test tier: BOSTUDIO_TEST_VULKAN=1, which
+# scripts/test.sh sets): headers, loader, shader compiler and Mesa's drivers, whose lavapipe is a Vulkan
+# device even without a GPU (bostudio.engine.build.VULKAN_DEBIAN_PACKAGES names the same packages).
+want_vulkan=""
+vk_need=()
+if [ "${BOSTUDIO_BACKEND:-}" = vulkan ] || [ "${BOSTUDIO_TEST_VULKAN:-0}" != 0 ]; then
+  want_vulkan=1
+  command -v glslc >/dev/null || vk_need+=(glslc)
+  [ -f /usr/include/vulkan/vulkan.h ] || vk_need+=(libvulkan-dev)
+  [ -d /usr/include/spirv ] || vk_need+=(spirv-headers)
+  ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || vk_need+=(mesa-vulkan-drivers)
+fi
+if [ ${#vk_need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    need+=("${vk_need[@]}")
+  elif [ "${BOSTUDIO_BACKEND:-}" = vulkan ]; then
+    say "the Vulkan engine needs ${vk_need[*]} - install them (e.g. apt install ${vk_need[*]}) and run again"
+    exit 1
+  else
+    say "no Vulkan stack (${vk_need[*]} missing, not root): the Vulkan test tier is skipped"
+    want_vulkan=""
+  fi
+fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "installing ${need[*]} with apt-get"
@@ -49,4 +72,7 @@ fi
 
 BOSTUDIO="$VENV/bin/bostudio"
 "$BOSTUDIO" engine build --backend "${BOSTUDIO_BACKEND:-auto}" >/dev/null
+if [ -n "$want_vulkan" ] && [ "${BOSTUDIO_BACKEND:-}" != vulkan ]; then
+  "$BOSTUDIO" engine build --backend vulkan >/dev/null  # beside the CPU engine: the Vulkan test tier's
+fi
 "$BOSTUDIO" default-model >/dev/null  # both files; progress on stderr

@@ -67,6 +67,21 @@ def test_evictions_always_make_room_or_say_they_cannot(items, need, budget) -> N
         assert all(r.last_used >= newest_victim for r in left if not r.busy)
 
 
+def test_device_evictions_make_room_on_each_offload_device() -> None:
+    """The host budget holds both, but the GPU holds one: the model on it is evicted, one elsewhere is not."""
+    resident = [R("on-gpu", 10, 1), R("on-host", 10, 0)]
+    on_device = {"on-gpu": {"Vulkan0": 300 * MIB, "CPU": 10 * MIB}, "on-host": {"CPU": 900 * MIB}}
+    assert policy.choose_device_evictions(resident, on_device, {"Vulkan0": 300 * MIB, "CPU": 50 * MIB},
+                                          {"Vulkan0": 400 * MIB}) == ["on-gpu"]
+    assert policy.choose_device_evictions(resident, on_device, {"Vulkan0": 100 * MIB}, {"Vulkan0": 400 * MIB}) == []
+    busy = [R("on-gpu", 10, 1, busy=True)]
+    assert policy.choose_device_evictions(busy, on_device, {"Vulkan0": 300 * MIB}, {"Vulkan0": 400 * MIB}) is None
+    # two devices: a victim of the first is not chosen again for the second
+    on_two = {"a": {"CUDA0": 8, "CUDA1": 8}, "b": {"CUDA1": 8}}
+    two = [R("a", 0, 1), R("b", 0, 2)]
+    assert policy.choose_device_evictions(two, on_two, {"CUDA0": 4, "CUDA1": 4}, {"CUDA0": 10, "CUDA1": 15}) == ["a"]
+
+
 def test_idle_expired() -> None:
     resident = [R("old", 1, 0.0), R("new", 1, 95.0), R("busy", 1, 0.0, busy=True)]
     assert policy.idle_expired(resident, now=100.0, ttl=10.0) == ["old"]

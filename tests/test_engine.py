@@ -103,6 +103,41 @@ def test_choose_prefers_gpu_then_explicit() -> None:
     assert choose_engine([cpu_built, cpu_env, gpu_path, broken]) is gpu_path
 
 
+def test_a_software_device_counts_as_no_gpu_when_choosing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Vulkan build that sees only lavapipe (GGML_VK_VISIBLE_DEVICES=0) or nothing never displaces the CPU
+    build: it runs where it is named (--engine, LLAMA_SERVER). One that sees a real GPU is chosen."""
+    spec = frozenset({"--spec-type", "--rpc"})
+    cpu = Engine(Path("/cpu"), "built", backends=("cpu", "rpc"), flags=spec)
+    lavapipe = EngineDevice("Vulkan0", "llvmpipe (LLVM 15.0.6, 256 bits)", 7940, 7940, "vulkan")
+    vk_soft = Engine(Path("/vk"), "built", backends=("cpu", "rpc", "vulkan"), devices=(lavapipe,), flags=spec)
+    vk_none = Engine(Path("/vk2"), "built", backends=("cpu", "rpc", "vulkan"), flags=spec)
+    radv = EngineDevice("Vulkan0", "AMD Radeon RX 7900 XTX (RADV NAVI31)", 24560, 23512, "vulkan")
+    vk_gpu = Engine(Path("/vk3"), "built", backends=("cpu", "rpc", "vulkan"), devices=(radv,), flags=spec)
+    assert lavapipe.software and not radv.software
+    for order in ([vk_soft, vk_none, cpu], [cpu, vk_soft, vk_none]):
+        assert choose_engine(order) is cpu
+    assert choose_engine([cpu, vk_soft, vk_gpu]) is vk_gpu
+    monkeypatch.delenv("GGML_VK_VISIBLE_DEVICES", raising=False)
+    assert any("GGML_VK_VISIBLE_DEVICES" in n for n in vk_none.notes())
+    assert any("software device" in n for n in vk_soft.notes()) and vk_gpu.notes() == ()
+
+
+def test_llama_server_on_a_software_device_runs_without_vulkan_graph_optimisation() -> None:
+    """lavapipe crashed in a queue submission on batches of ~9-32 tokens with ggml-vulkan's graph optimisation
+    (every chat request's first prompt): an engine that sees a software device starts llama-server with it off,
+    a user's own value is kept, a real GPU keeps it on, and the base environment is copied, not changed."""
+    lavapipe = EngineDevice("Vulkan0", "llvmpipe (LLVM 15.0.6, 256 bits)", 7940, 7940, "vulkan")
+    radv = EngineDevice("Vulkan0", "AMD Radeon RX 7900 XTX (RADV NAVI31)", 24560, 23512, "vulkan")
+    base = {"PATH": "/bin", "LLAMA_API_KEY": "k"}
+    soft = Engine(Path("/vk"), "built", backends=("cpu", "vulkan"), devices=(lavapipe,)).server_env(base)
+    assert soft == {**base, "GGML_VK_DISABLE_GRAPH_OPTIMIZE": "1"} and "GGML_VK_DISABLE_GRAPH_OPTIMIZE" not in base
+    mixed = Engine(Path("/vk"), "built", devices=(radv, lavapipe)).server_env(
+        {**base, "GGML_VK_DISABLE_GRAPH_OPTIMIZE": "0"})
+    assert mixed["GGML_VK_DISABLE_GRAPH_OPTIMIZE"] == "0"
+    assert Engine(Path("/vk3"), "built", devices=(radv,)).server_env(base) == base
+    assert Engine(Path("/cpu"), "built").server_env(base) == base
+
+
 def test_second_build_returns_the_cached_engine_without_compiling(engine: Engine, monkeypatch) -> None:
     def no_build(*args: object, **kwargs: object) -> None:
         raise AssertionError(f"a cached engine was built again: {args[0] if args else kwargs}")
@@ -147,6 +182,32 @@ def test_missing_toolchain_is_named(backend: str, needle: str, monkeypatch: pyte
     with pytest.raises(BuildError) as err:
         backend_flags(backend, env={"PATH": "/nonexistent"})
     assert needle in err.value.hint or needle in err.value.message
+
+
+def test_old_vulkan_headers_get_the_compat_header_and_one_cache_key(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Debian 12's Vulkan headers (1.3.239) lack VK_EXT_layer_settings, which the pinned ggml-vulkan uses:
+    the build puts bostudio's compat header first on the include path; newer headers build as they are."""
+    (tmp_path / "bin").mkdir()
+    glslc = tmp_path / "bin" / "glslc"
+    glslc.write_text("#!/bin/sh\n")
+    glslc.chmod(0o755)
+    inc = tmp_path / "include" / "vulkan"
+    inc.mkdir(parents=True)
+    (inc / "vulkan.h").write_text("")
+    monkeypatch.setattr("bostudio.engine.build.VULKAN_HEADERS", (inc / "vulkan.h",))
+    env = {"PATH": str(tmp_path / "bin")}
+    (inc / "vulkan_core.h").write_text("#define VK_HEADER_VERSION 239\n")
+    old, _ = backend_flags("vulkan", env=env)
+    assert old == ["-DGGML_VULKAN=ON", f"-DCMAKE_CXX_FLAGS=-I{build_module.VULKAN_COMPAT_DIR}"]
+    assert (build_module.VULKAN_COMPAT_DIR / "vulkan" / "vulkan.hpp").is_file()
+    (inc / "vulkan_core.h").write_text("#define VK_HEADER_VERSION 290\n#define VK_EXT_layer_settings 1\n")
+    assert backend_flags("vulkan", env=env)[0] == ["-DGGML_VULKAN=ON"]
+    # the compat dir's place on disk (a venv, a checkout) is not part of the build's identity
+    here = cache_key("abc", "vulkan", old)
+    moved = [f.replace(str(build_module.VULKAN_COMPAT_DIR), "/elsewhere/vulkan_compat") for f in old]
+    monkeypatch.setattr(build_module, "VULKAN_COMPAT_DIR", Path("/elsewhere/vulkan_compat"))
+    assert cache_key("abc", "vulkan", moved) == here != cache_key("abc", "vulkan", ["-DGGML_VULKAN=ON"])
 
 
 def test_backend_flags_with_toolchain(tmp_path: Path) -> None:

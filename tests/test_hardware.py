@@ -222,3 +222,70 @@ def test_cli_devices_text_with_the_built_engine(llama_server: Path, capsys: pyte
     text = capsys.readouterr().out
     assert "CPU" in text and "total" in text and "from psutil" in text
     assert "no llama-server" not in text
+
+
+# ---------------------------------------------------------------- software devices (lavapipe) and caps
+
+def test_lavapipe_is_a_software_device_on_host_ram() -> None:
+    """Mesa's lavapipe, as the Vulkan engine lists it with GGML_VK_VISIBLE_DEVICES=0 (recorded on Debian 12)."""
+    r = cross_check((), parse_devices(recorded("list_devices_lavapipe.txt")))
+    (d,) = r.devices
+    assert (d.label, d.backend, d.vendor, d.software, d.unified) == ("Vulkan0", "vulkan", "other", True, True)
+    assert d.name.startswith("llvmpipe") and d.total_bytes > 0
+    assert r.problems == ()  # no vendor probe could have seen it: nothing to remark
+
+
+def test_a_real_gpu_is_preferred_to_lavapipe() -> None:
+    amd = Device("amd", "hip", "AMD Radeon RX 7900 XTX", 0, 24 * GIB, 23 * GIB, source="sysfs")
+    both = parse_devices(recorded("list_devices_vulkan.txt")) + parse_devices(recorded("list_devices_lavapipe.txt"))
+    both = tuple(d if d.software else d.__class__("Vulkan1", d.description, d.total_mib, d.free_mib, d.backend)
+                 for d in both)[::-1]  # lavapipe first, as GGML_VK_VISIBLE_DEVICES may order it
+    r = cross_check((amd,), both)
+    assert [d.label for d in r.devices] == ["Vulkan1"] and not r.devices[0].software
+    assert any("software device, left out while a real GPU is present" in p for p in r.problems)
+
+
+def test_device_budgets_from_config(tmp_path: Path) -> None:
+    from bostudio.hardware.budget import apply_budgets, device_budgets
+
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("[devices.Vulkan0]\nbudget_mib = 300\n\n[devices.CPU]\nbudget_mib = 1024.5\n")
+    caps = device_budgets(cfg)
+    assert caps == {"Vulkan0": 300 * MIB, "CPU": int(1024.5 * MIB)}
+    devs = cross_check((), parse_devices(recorded("list_devices_lavapipe.txt"))).devices
+    (vk,), notes = apply_budgets(devs, caps)
+    assert vk.budget_bytes == 300 * MIB and "caps a device this machine does not list" in notes[0]
+    # an existing, smaller budget (an RPC worker's) stays
+    (vk2,), _ = apply_budgets((vk.with_(budget_bytes=100 * MIB),), caps)
+    assert vk2.budget_bytes == 100 * MIB
+
+
+@pytest.mark.parametrize("text, needle, hint", [
+    ("[devices.Vulkan0]\nbudget_mb = 3\n", "unknown key `budget_mb` in [devices.Vulkan0]", "budget_mib"),
+    ("[devices.Vulkan0]\nbudget_mib = -3\n", "budget_mib must be a positive number", "budget_mib = 4096"),
+    ("[devices.Vulkan0]\nbudget_mib = \"4G\"\n", "budget_mib must be a positive number", "budget_mib = 4096"),
+    ("[devices]\nVulkan0 = 300\n", "[devices] Vulkan0 must be a table", "[devices.Vulkan0]"),
+    ("devices = 3\n", "`devices` must be a table", "[devices]"),
+])
+def test_bad_device_budgets_are_config_errors(tmp_path: Path, text: str, needle: str, hint: str) -> None:
+    from bostudio.hardware.budget import device_budgets
+
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        device_budgets(cfg)
+    assert needle in exc.value.message and str(cfg) in exc.value.message and hint in exc.value.hint
+
+
+def test_vulkaninfo_gives_the_largest_tensor_a_vulkan_device_takes(tmp_path: Path) -> None:
+    """lavapipe binds at most 128 MiB per buffer (recorded vulkaninfo, Mesa 22.3.6): ggml-vulkan keeps a
+    larger weight on the host, so the plan must know the limit."""
+    listed = parse_devices(recorded("list_devices_lavapipe.txt"))
+    r = discover_devices(ps=FakePsutil, root=tmp_path, system="Linux", engine_devices=listed, budgets={},
+                         run=runner({("vulkaninfo",): recorded("vulkaninfo_lavapipe.txt")}))
+    vk = next(d for d in r.devices if d.backend == "vulkan")
+    assert vk.max_tensor_bytes == 128 * MIB
+    # without vulkaninfo the limit is unknown, not an error
+    r = discover_devices(ps=FakePsutil, root=tmp_path, system="Linux", engine_devices=listed, budgets={},
+                         run=runner({}))
+    assert next(d for d in r.devices if d.backend == "vulkan").max_tensor_bytes is None

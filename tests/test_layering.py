@@ -29,9 +29,10 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {"errors": ("bostudio", "bostudio.errors")},
     # where things live, whole-file writes, showing untrusted text
     {"paths": ("bostudio.paths",), "files": ("bostudio.files",), "display": ("bostudio.display",)},
-    # config.toml (each part reads its own table), GGUF headers, devices, what a speculator is
-    {"config": ("bostudio.config",), "gguf": ("bostudio.gguf",), "hardware": ("bostudio.hardware",),
-     "speculation": ("bostudio.speculation",)},
+    # config.toml: each part above reads its own table (hardware its [devices] caps)
+    {"config": ("bostudio.config",)},
+    # GGUF headers, devices, what a speculator is
+    {"gguf": ("bostudio.gguf",), "hardware": ("bostudio.hardware",), "speculation": ("bostudio.speculation",)},
     # the pure memory model: below the pairing core, which prices speculators with it (pairing.core.cost)
     {"planner": ("bostudio.planner",)},
     # pairing/core/: pairings.toml schema, compatibility, candidate costs, guardrails, select()

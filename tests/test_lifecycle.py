@@ -242,6 +242,22 @@ def test_eviction_picks_idle_models_least_recently_used_first_never_busy_ones() 
     assert lc.evictions(views, "me", need=16, budget=20) is None  # busy and loading ones stay
 
 
+def test_each_offload_device_must_hold_what_lands_on_it() -> None:
+    """The host budget may fit while a GPU does not: models holding memory on that device go, least recently
+    used first, never busy ones, never one already chosen, never one holding nothing there."""
+    views = [View("host-only", READY, 4, last_used=0.0, active=0), View("gpu-old", READY, 4, last_used=1.0, active=0),
+             View("gpu-busy", READY, 4, last_used=0.5, active=1), View("gpu-new", READY, 4, last_used=2.0, active=0),
+             View("me", READY, 4, last_used=0.0, active=0)]
+    on = {"host-only": {"CPU": 4}, "gpu-old": {"Vulkan0": 6}, "gpu-busy": {"Vulkan0": 6}, "gpu-new": {"Vulkan0": 6}}
+    cap = {"Vulkan0": 20}
+    assert lc.device_evictions(views, "me", [], on, {"Vulkan0": 2}, cap) == []  # 18 there, 2 more fit 20
+    assert lc.device_evictions(views, "me", [], on, {"Vulkan0": 6}, cap) == ["gpu-old"]
+    assert lc.device_evictions(views, "me", ["gpu-old"], on, {"Vulkan0": 6}, cap) == []  # its 6 freed already
+    assert lc.device_evictions(views, "me", ["gpu-old"], on, {"Vulkan0": 10}, cap) == ["gpu-new"]
+    assert lc.device_evictions(views, "me", [], on, {"Vulkan0": 15}, cap) is None  # the busy one stays
+    assert lc.device_evictions(views, "me", [], on, {"CPU": 100}, cap) == []  # the host is the budget's business
+
+
 def test_idle_unload_picks_ready_models_without_requests_past_the_ttl() -> None:
     views = [View("idle", READY, 0, last_used=0.0, active=0), View("busy", READY, 0, last_used=0.0, active=2),
              View("fresh", READY, 0, last_used=95.0, active=0), View("loading", LOADING, 0, last_used=0.0, active=0)]

@@ -214,3 +214,23 @@ def test_up_auto_uses_the_mtp_head_pairing_finds(engine, env, tmp_path: Path) ->
         rc, err = up.stop(signal.SIGINT)
     assert rc == 0, err
     assert _gone(servers)
+
+
+def test_up_stops_a_silent_loader_at_its_stall_timeout_and_says_so(env, tmp_path: Path) -> None:
+    """`up --stall-timeout S`: a llama-server that binds and then stays silent (a fake that never loads) is
+    stopped after S seconds with a message that says so, and nothing of it is left running. (The default,
+    120 s, is too short for a software GPU that compiles its pipelines silently: docs/vulkan.md.)"""
+    from bostudio.gguf.synth import tiny_llama
+    from tests.daemon_util import fake_engine
+
+    model = tiny_llama(tmp_path / "fake-silent.gguf")
+    engine = fake_engine(tmp_path)
+    port = free_port()
+    proc = subprocess.run([sys.executable, "-m", "bostudio", "up", str(model), "--engine", str(engine), "--spec", "off",
+                           "--stall-timeout", "2", "--port", str(port)], env=env, capture_output=True, text=True,
+                          timeout=READY_TIMEOUT_S, preexec_fn=_as_a_background_job)
+    assert proc.returncode == 1, proc.stderr
+    silent = re.search(r"did not become ready in \d+ s \(silent for (\d+) s\)", proc.stderr)
+    assert silent, proc.stderr
+    assert 2 <= int(silent[1]) < 120  # stopped at the 2 s asked, not at the default
+    assert port_is_free(port)

@@ -266,7 +266,7 @@ class Bench:
         port = free_loopback_port(avoid={s.proc.port for k, s in started.items() if k != i})
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in c.label)
         suffix = ("" if self._starts == 1 else f".{self._starts}") + (f"-port{again + 1}" if again else "")
-        proc = ServerProcess(self.argv(c, port), port, self._logdir / f"{safe}{suffix}.log")
+        proc = ServerProcess(self.argv(c, port), port, self._logdir / f"{safe}{suffix}.log", env=self.engine.server_env())
         started[i] = _Server(c, proc)
         self.servers = [started[k] for k in sorted(started)]
         self.progress(f"starting llama-server for {c.label} (log: {proc.log_path})")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bostudio.cli.options import add_daemon_address, add_engine, add_pull, add_rpc, json_flag
+from bostudio.cli.options import add_daemon_address, add_engine, add_pull, add_rpc, add_stall_timeout, json_flag
 from bostudio.cli.output import print_json, report_unit
 
 
@@ -273,9 +273,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                              "to make room (default 0: 80%% of RAM)")
     common.add_argument("--idle-ttl", type=float, default=600, metavar="S",
                         help="unload a model idle for S seconds (default 600; 0: never)")
-    common.add_argument("--stall-timeout", type=float, default=120, metavar="S",
-                        help="kill a loading llama-server silent for S seconds (default 120); one that prints "
-                             "progress is never killed for slowness")
+    add_stall_timeout(common, 120)
     add_pull(common, "may a drafter the pairing table names be downloaded from the hub when a model loads? "
                      "(default: [pull] policy in config.toml, else never; `ask` counts as never, as no one "
                      "can answer in a daemon)")

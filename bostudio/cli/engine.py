@@ -31,7 +31,8 @@ def cmd_engine_list(args: argparse.Namespace) -> int:
         return 1
     for e in engines:
         mark = "*" if e is chosen else " "
-        devs = ", ".join(f"{d.name} ({d.total_mib} MiB)" for d in e.devices) or "CPU only"
+        devs = ", ".join(f"{d.name} ({d.total_mib} MiB{', software' if d.software else ''})"
+                         for d in e.devices) or "CPU only"
         print(f"{mark} {e.path}")
         print(f"    source: {e.source}  version: {e.version} (build {e.build}, commit {e.commit})")
         print(f"    backends: {', '.join(e.backends) or 'unknown'}  devices: {devs}")
@@ -41,6 +42,8 @@ def cmd_engine_list(args: argparse.Namespace) -> int:
         print(f"    RPC workers: {rpc}")
         if e.problem:
             print(f"    unusable: {e.problem}")
+        for note in e.notes():
+            print(f"    note: {note}")
     print("* = the engine bostudio uses on this machine")
     return 0
 

@@ -39,6 +39,14 @@ def add_engine(p: argparse.ArgumentParser, help: str) -> None:
     p.add_argument("--engine", default=None, metavar="PATH", help=help)
 
 
+def add_stall_timeout(p: argparse.ArgumentParser, default: float | None) -> None:
+    """--stall-timeout S: how long a loading llama-server may stay silent (`default` None: 120, see up)."""
+    p.add_argument("--stall-timeout", type=float, default=default, metavar="S",
+                   help="kill a loading llama-server silent for S seconds (default 120; a software GPU such as "
+                        "lavapipe compiles its pipelines silently for minutes); one that prints progress is "
+                        "never killed for slowness")
+
+
 def add_rpc(p: argparse.ArgumentParser, also: str = "") -> None:
     """--rpc HOST:PORT,...: RPC workers whose devices join this machine's (`also`: what the command adds)."""
     p.add_argument("--rpc", default=None, metavar="HOST:PORT,...", help=RPC_HELP + also)

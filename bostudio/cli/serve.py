@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from bostudio.cli.options import (add_cache_type, add_ctx, add_engine, add_flash_attn, add_pull, add_rpc, add_spec,
-                                   add_workload, json_flag, model_or_default)
+                                   add_stall_timeout, add_workload, json_flag, model_or_default)
 from bostudio.cli.output import print_json, quote
 
 
@@ -29,7 +29,8 @@ def _local_devices(engine_path: str | None):  # type: ignore[no-untyped-def]
         problems.append(f"engine: {engine.path}: {engine.problem}")
         engine = None
     result = discover_devices(engine_devices=engine.devices if engine else None)
-    return result.devices, tuple(problems) + result.problems, engine
+    notes = tuple(f"engine: {n}" for n in engine.notes()) if engine else ()
+    return result.devices, tuple(problems) + result.problems + notes, engine
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
@@ -50,7 +51,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
               + (f"  (worker {d.endpoint}" + (f", budget {_size(d.budget_bytes).strip()})" if d.budget_bytes
                                                else ")") if d.endpoint else ""))
         print(f"           total {_size(d.total_bytes).strip()}, free {free}, "
-              f"{'unified' if d.unified else 'dedicated'}, driver {d.driver or 'unknown'}, "
+              f"{'software, ' if d.software else ''}{'unified' if d.unified else 'dedicated'}, "
+              f"driver {d.driver or 'unknown'}, "
               f"bandwidth {bw}  (from {d.source})")
     for p in problems:
         print(f"note: {p}")
@@ -193,7 +195,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     return run_up(UpOptions(model=args.model, ctx=args.ctx, cache_type=args.cache_type, flash_attn=args.flash_attn,
                             spec=args.spec,
                             port=args.port or 8080, host=args.host, engine=args.engine, pull=args.pull,
-                            workload=args.workload, rpc=args.rpc))
+                            workload=args.workload, rpc=args.rpc,
+                            stall_timeout=120.0 if args.stall_timeout is None else args.stall_timeout))
 
 
 def _mib(n: int | None) -> str:
@@ -303,6 +306,7 @@ def cmd_up_daemon(args: argparse.Namespace) -> int:
 
     extra = ["--engine", args.engine] if args.engine else []
     extra += ["--rpc", args.rpc] if args.rpc else []
+    extra += ["--stall-timeout", str(args.stall_timeout)] if args.stall_timeout is not None else []
     rec = start_background(DaemonOptions(host=args.host, port=args.port or DEFAULT_PORT), extra)
     model = args.model or DEFAULT_NAME
     if Path(model).expanduser().is_file():
@@ -344,6 +348,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", metavar="H",
                    help="address to bind (default 127.0.0.1, loopback only)")
     add_engine(p, "llama-server binary to use (default: the best one found, see `engine list`)")
+    add_stall_timeout(p, None)
     add_pull(p, "may a drafter the pairing table names be downloaded from the hub? ask (default on a terminal: shows "
                 "its size, memory and why, then asks), always, never (default headless); or [pull] policy in "
                 "config.toml. A declined or failed pull falls back to the next candidate", ask=True)

@@ -57,6 +57,15 @@ RPC_SERVER = "ggml-rpc-server"  # tools/rpc: exposes this machine's devices to a
 # Where toolkits install off PATH.
 ROCM_DIRS: tuple[str, ...] = ("/opt/rocm/bin",)
 VULKAN_HEADERS: tuple[Path, ...] = (Path("/usr/include/vulkan/vulkan.h"),)
+# What a Vulkan build needs on Debian/Ubuntu (scripts/setup.sh installs them for BOSTUDIO_BACKEND=vulkan):
+# headers and loader, the shader compiler, SPIR-V headers, and Mesa's drivers (lavapipe: a software
+# device, so a machine without a GPU still has one to run on). Debian 12's versions build the pinned
+# llama.cpp; glslc 2023.2 lacks the optional coopmat/int-dot/bf16 extensions, which CMake then skips.
+VULKAN_DEBIAN_PACKAGES = ("libvulkan-dev", "glslc", "spirv-headers", "mesa-vulkan-drivers")
+# Headers older than 1.3.261 (Debian 12's 1.3.239) lack VK_EXT_layer_settings, whose types ggml-vulkan.cpp
+# uses unconditionally: this directory's vulkan/vulkan.hpp declares them (see the header for why that is safe).
+VULKAN_COMPAT_DIR = Path(__file__).with_name("vulkan_compat")
+_COMPAT_KEY = "<vulkan-compat>"  # the compat dir in a cache key: the same build wherever bostudio is installed
 
 
 def _which_any(names: tuple[str, ...], env: dict[str, str], extra_dirs: tuple[str, ...] = ()) -> str | None:
@@ -131,8 +140,12 @@ def backend_flags(backend: str, env: dict[str, str] | None = None) -> tuple[list
         if missing:
             raise BuildError("the Vulkan backend needs " + " and ".join(missing) + ", not found",
                              "install the Vulkan SDK (LunarG) or on Debian/Ubuntu "
-                             "`apt install libvulkan-dev glslc spirv-headers`")
-        return ["-DGGML_VULKAN=ON"], extra_env
+                             f"`apt install {' '.join(VULKAN_DEBIAN_PACKAGES)}`")
+        found = next(h for h in headers if h.exists())
+        flags = ["-DGGML_VULKAN=ON"]
+        if "VK_EXT_layer_settings" not in _read(found.with_name("vulkan_core.h")):
+            flags.append(f"-DCMAKE_CXX_FLAGS=-I{VULKAN_COMPAT_DIR}")
+        return flags, extra_env
     raise BuildError(f"unknown backend {backend!r}", "choose one of: " + ", ".join(BACKENDS))
 
 
@@ -164,7 +177,15 @@ def _check_base_toolchain(env: dict[str, str]) -> None:
                          "or `xcode-select --install` (macOS)")
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def cache_key(commit: str, backend: str, flags: list[str]) -> str:
+    flags = [f.replace(str(VULKAN_COMPAT_DIR), _COMPAT_KEY) for f in flags]
     digest = hashlib.sha256("\n".join([backend, *BASE_FLAGS, *flags]).encode()).hexdigest()[:10]
     return f"{commit[:12]}-{backend}-{digest}"
 
@@ -265,6 +286,9 @@ def build_engine(backend: str = "cpu", jobs: int | None = None, source: LlamaSou
     compile_cmd = ["cmake", "--build", str(build_dir), "--parallel", str(jobs),
                    "--target", *TARGETS]
     variant = " (portable: no -march=native)" if any(f in PORTABLE_FLAGS for f in flags) else ""
+    if any(str(VULKAN_COMPAT_DIR) in f for f in flags):
+        log("the Vulkan headers here lack VK_EXT_layer_settings (older than 1.3.261, as Debian 12's 1.3.239): "
+            f"building with bostudio's compat header ({VULKAN_COMPAT_DIR})")
     log(f"building llama.cpp {src.short_commit} for {backend}{variant} with {jobs} jobs "
         f"(log: {log_path}); a CPU build takes about 10-15 minutes on 2 cores")
     started = time.monotonic()

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,10 @@ from bostudio.errors import EngineError
 from bostudio.hardware.device import EngineDevice
 
 PROBE_TIMEOUT_S = 20.0
+# llama.cpp's switch for which Vulkan devices it uses (indices as vulkaninfo lists them); without it,
+# only real GPUs: a software device (lavapipe) is listed only when named here.
+VK_VISIBLE = "GGML_VK_VISIBLE_DEVICES"
+VK_NO_GRAPH_OPTIMIZE = "GGML_VK_DISABLE_GRAPH_OPTIMIZE"
 
 _VERSION = re.compile(r"^version: (\S+) \(build (\d+), commit ([0-9a-f]+|unknown)\)", re.M)
 _BUILT = re.compile(r"^built with (.+) for (.+)$", re.M)
@@ -52,8 +57,37 @@ class Engine:
     def supports(self, flag: str) -> bool:
         return flag in self.flags
 
+    def server_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment llama-server runs in: `base` (the process's own by default), plus what this engine's
+        devices need. On a software device (lavapipe, Mesa 22.3 in Debian 12) ggml-vulkan's graph optimisation
+        (node reordering for concurrency, which only a real GPU gains from) crashed lavapipe in a queue
+        submission on every batch of about 9 to 32 tokens: a chat request's first prompt. Measured: SIGSEGV
+        with it, none from 1 to 64 tokens and over chat without it. A value the user set is kept."""
+        env = dict(os.environ if base is None else base)
+        if any(d.software for d in self.devices):
+            env.setdefault(VK_NO_GRAPH_OPTIMIZE, "1")
+        return env
+
     def gpu_mib(self) -> int:
-        return sum(d.total_mib for d in self.devices)
+        """Memory of the real GPUs it sees: a software device (lavapipe) is the host's RAM again."""
+        return sum(d.total_mib for d in self.devices if not d.software)
+
+    @property
+    def idle_backends(self) -> tuple[str, ...]:
+        """GPU backends built in that list no device here (a Vulkan build on a machine without a GPU)."""
+        seen = {d.backend for d in self.devices}
+        return tuple(b for b in self.backends if b not in ("cpu", "rpc") and b not in seen)
+
+    def notes(self) -> tuple[str, ...]:
+        """What a user should know about this engine's devices (shown by `bostudio devices`)."""
+        out = []
+        if "vulkan" in self.idle_backends and not os.environ.get(VK_VISIBLE):
+            out.append(f"{self.path.name} has the Vulkan backend but lists no Vulkan device: llama.cpp skips "
+                       f"software devices (Mesa's lavapipe) unless {VK_VISIBLE} names them "
+                       f"(e.g. {VK_VISIBLE}=0; see docs/vulkan.md)")
+        out += [f"{d.name} ({d.description}) is a software device: the CPU behind the Vulkan API, "
+                "planned on host RAM" for d in self.devices if d.software]
+        return tuple(out)
 
     def tool(self, name: str) -> Path | None:
         """A sibling binary from the same build (llama-quantize, llama-fit-params...)."""
@@ -202,14 +236,17 @@ def choose_engine(engines: list[Engine]) -> Engine:
     """The best usable engine for this machine's devices: one that sees GPUs beats CPU-only, more
     device memory beats less; on a tie the one the user named (LLAMA_SERVER) beats our default build beats
     our other builds (the portable variant, older flags) beats PATH, and one with the RPC backend beats
-    one without."""
+    one without. A software device (lavapipe) counts as no GPU: a Vulkan build that sees only lavapipe
+    is used where it is named (--engine, LLAMA_SERVER), never chosen over the CPU build."""
     usable = [e for e in engines if e.usable]
     if not usable:
         why = "; ".join(f"{e.path}: {e.problem}" for e in engines) or "none found"
         raise EngineError(f"no usable llama-server ({why})",
                           "run `bostudio engine build`, or set LLAMA_SERVER to a recent llama-server")
-    # on a tie, a build with the RPC backend (it can also use workers) beats one without
-    return max(usable, key=lambda e: (e.gpu_mib() > 0, e.gpu_mib(), _SOURCE_RANK.get(e.source, 0), e.has_rpc))
+    # on a tie, a build with the RPC backend (it can also use workers) beats one without, and one without
+    # GPU backends that see nothing here (a Vulkan build with no GPU, or only lavapipe) beats one with them
+    return max(usable, key=lambda e: (e.gpu_mib() > 0, e.gpu_mib(), _SOURCE_RANK.get(e.source, 0), e.has_rpc,
+                                      not e.idle_backends and not any(d.software for d in e.devices)))
 
 
 def find_engine(explicit: str | None = None) -> Engine:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from bostudio.hardware.device import MIB, Device, EngineDevice, ProbeResult
+from bostudio.hardware.device import MIB, Device, EngineDevice, ProbeResult, prefer_real_gpus
 
 # Engine backend -> the vendors whose GPUs it drives (Vulkan drives any).
 _VENDORS = {"cuda": ("nvidia",), "hip": ("amd",), "musa": ("other",), "sycl": ("intel",),
@@ -46,8 +46,10 @@ def cross_check(devices: tuple[Device, ...], engine_devices: Iterable[EngineDevi
                 continue
         extra.append(Device(vendor=_vendor_of(ed.description), backend=ed.backend, name=ed.description,
                             index=len(extra), total_bytes=ed.total_mib * MIB, free_bytes=ed.free_mib * MIB,
-                            unified=(ed.backend == "metal"), source="list-devices", engine_name=ed.name))
-        problems.append(f"engine: {ed.name} ({ed.description}) was found only by the engine")
+                            unified=(ed.backend == "metal" or ed.software), source="list-devices",
+                            engine_name=ed.name, software=ed.software))
+        if not ed.software:  # no vendor probe can see a software device: nothing to remark
+            problems.append(f"engine: {ed.name} ({ed.description}) was found only by the engine")
     out: list[Device] = []
     for d in devices:
         i = gpus.index(d) if d.is_gpu else -1
@@ -61,4 +63,9 @@ def cross_check(devices: tuple[Device, ...], engine_devices: Iterable[EngineDevi
             out.append(d)
             problems.append(f"engine: this llama-server build cannot use {d.vendor} GPU {d.index} "
                             f"({d.name}); build one for its backend")
-    return ProbeResult(tuple(out) + tuple(extra), tuple(problems))
+    found = tuple(out) + tuple(extra)
+    kept = prefer_real_gpus(found)
+    problems += [f"engine: {d.label} ({d.name}) is a software device, left out while a real GPU is present "
+                 "(leave it out of GGML_VK_VISIBLE_DEVICES so llama-server does not use it either)"
+                 for d in found if d not in kept]
+    return ProbeResult(kept, tuple(problems))

@@ -19,6 +19,17 @@ BACKENDS = ("cuda", "hip", "sycl", "vulkan", "metal", "musa", "rpc", "cpu", "unk
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 
+# Software Vulkan devices: the CPU behind a GPU API (Mesa's lavapipe names itself "llvmpipe (LLVM ...)",
+# Google's SwiftShader). llama.cpp lists them only when GGML_VK_VISIBLE_DEVICES names them; their memory
+# is host RAM and their speed the CPU's, so they are planned as unified and never preferred to a real GPU.
+SOFTWARE_DEVICE_WORDS = ("llvmpipe", "lavapipe", "swiftshader", "softpipe")
+
+
+def is_software_device(description: str) -> bool:
+    """Whether a device name is a software rasterizer's (lavapipe, SwiftShader), not a GPU's."""
+    d = description.lower()
+    return any(w in d for w in SOFTWARE_DEVICE_WORDS)
+
 
 @dataclass(frozen=True)
 class Device:
@@ -43,6 +54,10 @@ class Device:
     budget_bytes: int | None = None  # a cap the planner keeps to (an RPC worker's budget_mib)
     link_mbit: int | None = None  # an RPC worker's network link (None: the estimate's 1 Gbit/s default)
     cores: int | None = None  # the host's CPU cores this process may use (physical; None: unknown)
+    software: bool = False  # a software device (lavapipe): a GPU API over the CPU and host RAM
+    # The largest weight the backend takes on the device (ggml-vulkan: maxStorageBufferRange, 128 MiB on
+    # lavapipe): a larger one, such as a big vocabulary's output projection, stays on the host. None: unknown.
+    max_tensor_bytes: int | None = None
 
     @property
     def remote(self) -> bool:
@@ -93,6 +108,10 @@ class EngineDevice:
     free_mib: int
     backend: str
 
+    @property
+    def software(self) -> bool:
+        return is_software_device(self.description)
+
 
 CPU_ONLY = (Device(vendor="cpu", backend="cpu", name="CPU"),)
 
@@ -101,9 +120,19 @@ def devices_from_engine(engine_devices: Iterable[EngineDevice]) -> tuple[Device,
     """The devices as the engine alone sees them, without running the vendor probes: host RAM (CPU_ONLY),
     then each device the engine lists, named as the engine names it."""
     gpus = tuple(Device(vendor=d.backend, backend=d.backend, name=d.description, index=i,
-                        total_bytes=d.total_mib * MIB, free_bytes=d.free_mib * MIB, engine_name=d.name)
+                        total_bytes=d.total_mib * MIB, free_bytes=d.free_mib * MIB, engine_name=d.name,
+                        unified=d.software, software=d.software)
                  for i, d in enumerate(engine_devices))
-    return CPU_ONLY + gpus
+    return CPU_ONLY + prefer_real_gpus(gpus)
+
+
+def prefer_real_gpus(devices: Iterable[Device]) -> tuple[Device, ...]:
+    """The devices a plan may use: a software device only when no real GPU is there (a real GPU beside
+    lavapipe takes the layers; lavapipe would only slow it down and share the host's RAM)."""
+    devs = tuple(devices)
+    if any(d.is_gpu and not d.software for d in devs):
+        return tuple(d for d in devs if not d.software)
+    return devs
 
 
 def reading(call: Any, *args: Any) -> Any:

@@ -10,11 +10,13 @@ from typing import Callable, Iterable
 
 from bostudio.hardware.amd import probe_amd
 from bostudio.hardware.apple import probe_apple
+from bostudio.hardware.budget import apply_budgets, device_budgets
 from bostudio.hardware.cpu import probe_cpu
 from bostudio.hardware.device import EngineDevice, ProbeResult
 from bostudio.hardware.intel import probe_intel
 from bostudio.hardware.crosscheck import cross_check
 from bostudio.hardware.nvidia import probe_nvidia
+from bostudio.hardware.vulkan import with_storage_limits
 
 Runner = Callable[[list[str]], str]
 
@@ -27,9 +29,11 @@ def run_tool(argv: list[str], timeout: float = 10.0) -> str:
 def discover_devices(*, nvml: ModuleType | None = None, amdsmi: ModuleType | None = None,
                      ps: ModuleType | None = None, root: Path = Path("/"), run: Runner = run_tool,
                      system: str | None = None,
-                     engine_devices: Iterable[EngineDevice] | None = None) -> ProbeResult:
+                     engine_devices: Iterable[EngineDevice] | None = None,
+                     budgets: dict[str, int] | None = None) -> ProbeResult:
     """Every device on this machine: GPUs per vendor, then host RAM, cross-checked with the
     devices the engine lists (`Engine.devices`, from `llama-server --list-devices`) when given.
+    `budgets` caps devices by label (default: config.toml's [devices.LABEL] budget_mib).
     Each argument is a seam the tests fill with recorded output; the defaults read the real machine."""
     system = system or platform.system()
     probes: list[tuple[str, Callable[[], ProbeResult]]] = [("nvidia", lambda: probe_nvidia(nvml))]
@@ -46,5 +50,6 @@ def discover_devices(*, nvml: ModuleType | None = None, amdsmi: ModuleType | Non
             result = result + ProbeResult(problems=(f"{vendor}: probe failed ({type(exc).__name__}: {exc})",))
     if engine_devices is not None:
         checked = cross_check(result.devices, engine_devices)
-        result = ProbeResult(checked.devices, result.problems + checked.problems)
-    return result
+        result = ProbeResult(with_storage_limits(checked.devices, run), result.problems + checked.problems)
+    capped, notes = apply_budgets(result.devices, device_budgets() if budgets is None else budgets)
+    return ProbeResult(capped, result.problems + notes)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Iterable
 from bostudio.errors import PlanError
 from bostudio.hardware.device import Device
 from bostudio.planner.memory import (GIB, MIB, ContextSettings, attention_layers, compute_buffer_bytes,
-                                     logits_buffer_bytes,
+                                     host_inputs_bytes, logits_buffer_bytes,
                                      cpu_repack_bytes, host_weight_bytes, kv_cache_bytes, max_gpu_layers,
                                      output_buffer_bytes, output_growth_bytes, platform_overhead,
                                      recurrent_layer_count, recurrent_state_bytes, weight_split)
@@ -369,7 +369,7 @@ def _multi_uses(model: "ModelInfo", devs: list[Device], intent: Intent, s: Conte
             uses.append(Use(g.label, "compute buffer", c))
     host_layers = list(range(0, model.n_block + 1 - sum(counts)))
     host_mine = [il for il in host_layers if il < model.n_layer]
-    staged = min(s.n_ubatch, s.n_ctx) * model.n_embd * 4 * 2  # input embeddings staged on the host
+    staged = host_inputs_bytes(model, s)  # input embeddings and masks, in pinned host memory
     if host_mine or sum(counts) < model.n_block + 1:
         uses.append(Use(host, "compute buffer", compute_buffer_bytes(
             model, s, layers=host_mine or None, with_output=model.n_block in host_layers or output_on_host)))
@@ -403,12 +403,14 @@ def _single_uses(model: "ModelInfo", gpus: list[Device], host: str, s: ContextSe
     kv = kv_cache_bytes(model, s)
     rs = recurrent_state_bytes(model, s)
     frac = (sum(1 for il in range(model.n_layer) if il >= start) / model.n_layer) if model.n_layer else 0
-    for comp, total in (("KV cache", kv.total), ("recurrent state", rs)):
-        on_gpu = int(total * frac)
+    # the KV of the offloaded layers themselves: SWA layers hold fewer cells than full-attention ones
+    on_gpu_layers = [il for il in attention_layers(model) if il >= start]
+    kv_gpu = kv_cache_bytes(model, s, layers=on_gpu_layers).total if on_gpu_layers and gpus else 0
+    for comp, total, on_gpu in (("KV cache", kv.total, kv_gpu), ("recurrent state", rs, int(rs * frac))):
         uses += _spread(on_gpu, gpus, comp)
         uses.append(Use(host, comp, total - on_gpu))
     compute = compute_buffer_bytes(model, s)
-    host_compute = min(s.n_ubatch, s.n_ctx) * model.n_embd * 4 * 2  # input embeddings staged on the host
+    host_compute = host_inputs_bytes(model, s)  # input embeddings and masks, in pinned host memory
     if n_gpu_layers and gpus and output_on_host:  # the logits are computed where the output weight is
         compute = compute_buffer_bytes(model, s, with_output=False)
         host_compute = max(host_compute, logits_buffer_bytes(model, s))
@@ -442,6 +444,8 @@ def _draft_uses(spec: _Spec, s: ContextSettings, devs: list[Device], host: str) 
         uses += [Use(dev, "draft weights", split.gpu), Use(host, "draft weights", split.cpu)]
     uses.append(Use(dev, "draft KV cache", kv_cache_bytes(d, ds).total + recurrent_state_bytes(d, ds)))
     uses.append(Use(dev, "draft compute buffer", compute_buffer_bytes(d, ds)))
+    if dev != host:  # the draft's graph inputs, in pinned host memory as the target's
+        uses.append(Use(host, "draft compute buffer (host inputs)", host_inputs_bytes(d, ds)))
     uses.append(Use(host, "draft output buffer", output_buffer_bytes(d, ds)))
     return uses, ngld
 
@@ -642,9 +646,11 @@ def fit_option(model: "ModelInfo", devices: Iterable[Device], intent: Intent, sp
     n_max = max_gpu_layers(model, include_nextn=speculator.kind == "mtp")
     layer_options = list(range(n_max, -1, -1)) if gpus else [0]
     want = intent.ctx if intent.ctx else min_ctx_wanted(model, intent)
-    best = _search(model, devs, intent, speculator, draft, layer_options, want, False)
-    output_on_host = False
-    if gpus and (best is None or best[1] == 0):
+    # An output projection larger than the output device takes stays on the host (llama.cpp's choice too,
+    # made by the backend's supports_op): plan it there, and pin it so with -ot.
+    output_on_host = bool(gpus) and output_too_large(model, devs)
+    best = _search(model, devs, intent, speculator, draft, layer_options, want, output_on_host)
+    if gpus and not output_on_host and (best is None or best[1] == 0):
         pinned = _search(model, devs, intent, speculator, draft, [n for n in layer_options if n >= 2], want, True)
         if pinned is not None and (best is None or pinned[0] >= min(want, best[0])):
             best, output_on_host = pinned, True
@@ -660,6 +666,14 @@ def fit_option(model: "ModelInfo", devices: Iterable[Device], intent: Intent, sp
     split, draft_device = placement(model, devs, intent, speculator, ngl, draft, ctx, output_on_host)
     return PlanOption(speculator, True, ctx, ngl, ngld, tuple(uses), tuple(budgets.items()), reason,
                       split, draft_device, output_on_host)
+
+
+def output_too_large(model: "ModelInfo", devices: Iterable[Device]) -> bool:
+    """Whether the output projection exceeds the largest tensor the device that holds the output layer
+    (the last offload device) takes."""
+    gpus = llama_device_order(devices)
+    limit = gpus[-1].max_tensor_bytes if gpus else None
+    return limit is not None and (model.output_bytes or model.token_embd_bytes) > limit
 
 
 def _bytes_per_token(model: "ModelInfo", devices: list[Device], intent: Intent, option: PlanOption) -> float:

@@ -102,11 +102,12 @@ def device_of_buffer(name: str, labels: dict[str, str] | None = None) -> str:
     """The device a buffer name belongs to, as the plan labels devices. An RPC buffer is named by the
     device's index on its own server and the server ("RPC0[127.0.0.1:50052]", ggml-rpc.cpp), not
     by the RPCn name llama-server gives the device: `labels` maps the one to the other
-    (bostudio.rpc.probe.buffer_labels). "CPU_Mapped"/"CPU_REPACK"/"CPU" are the host."""
+    (bostudio.rpc.probe.buffer_labels). "CPU_Mapped"/"CPU_REPACK"/"CPU" are the host, and so is a GPU
+    backend's pinned host memory ("Vulkan_Host", "CUDA_Host")."""
     if labels and name in labels:
         return labels[name]
     base = name.split("[", 1)[0]
-    return "CPU" if base.startswith("CPU") else base
+    return "CPU" if base.startswith("CPU") or base.endswith("_Host") else base
 
 
 def device_buffers(log: str, labels: dict[str, str] | None = None) -> dict[str, dict[str, int]]:

@@ -20,6 +20,8 @@ from bostudio.errors import ModelError, OutOfMemoryError, PortInUseError, Server
 from bostudio.runtime.client import AsyncLlamaClient, LlamaClient
 
 PR_SET_PDEATHSIG = 1
+# The most a load may take in all, while its log keeps growing (a silent one is stopped at its stall timeout).
+LOAD_TIMEOUT_S = 900.0
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -206,7 +208,7 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def wait_ready(self, timeout: float = 300.0, stall_timeout: float = 120.0,
+    def wait_ready(self, timeout: float = LOAD_TIMEOUT_S, stall_timeout: float = 120.0,
                    on_wait: Callable[[float], None] | None = None) -> float:
         """Wait for /health 200. A loader whose log keeps growing is never killed for slowness;
         one silent for `stall_timeout` is. Returns seconds to ready."""
@@ -227,7 +229,7 @@ class ServerProcess:
                     on_wait(now - started)
                 time.sleep(0.1)
 
-    async def wait_ready_async(self, timeout: float = 300.0, stall_timeout: float = 120.0) -> float:
+    async def wait_ready_async(self, timeout: float = LOAD_TIMEOUT_S, stall_timeout: float = 120.0) -> float:
         """`wait_ready` for an event loop (the daemon): /health 200 from *our* child, since a decoy on the
         port is not us; progress vs. stall as there. The caller stops the process when this raises."""
         assert self.proc is not None

@@ -35,10 +35,11 @@ def _spec_failure_reason(log_path: Path) -> str:
 
 
 def verify_speculation(client: LlamaClient, speculator: Speculator, log_path: Path,
-                       n_predict: int = PROBE_TOKENS) -> SpecStatus:
+                       n_predict: int = PROBE_TOKENS, timeout: float = 120.0) -> SpecStatus:
     """Send one greedy probe; speculation is active if the probe drafted, or /slots says so.
-    A server that does not answer raises ServerError (from the client)."""
-    result = client.completion(PROBE_PROMPT, n_predict, what="the probe request")
+    A server that does not answer within `timeout` seconds raises ServerError (from the client): the probe is
+    a server's first request, when a software GPU (lavapipe) compiles its pipelines, silently, for minutes."""
+    result = client.completion(PROBE_PROMPT, n_predict, timeout=timeout, what="the probe request")
     timings = result.get("timings", {})
     draft_n = int(timings.get("draft_n", 0))
     accepted = int(timings.get("draft_n_accepted", 0))

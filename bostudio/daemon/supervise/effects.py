@@ -219,7 +219,7 @@ class EffectsRunner:
         argv = decision.argv(port=inst.port, alias=cfg.name,
                              slot_dir=sup.slot_store.ensure() if reuse and sup.slot_store is not None else None)
         # The key goes through the environment, not argv (which every local user can read).
-        env = {**os.environ, "LLAMA_API_KEY": inst.api_key}
+        env = engine.server_env({**os.environ, "LLAMA_API_KEY": inst.api_key})
         inst.proc = ServerProcess(argv, inst.port, inst.log_path, api_key=inst.api_key, env=env)
         inst.in_flight.clear()  # requests of earlier launches ended with them
         inst.died_with.clear()
@@ -250,7 +250,8 @@ class EffectsRunner:
         assert inst.proc is not None and inst.speculator is not None
         with LlamaClient(inst.proc.base_url, inst.api_key, timeout=httpx.Timeout(self.opts.stall_timeout, connect=2.0),
                          log_path=inst.log_path) as client:
-            return verify_speculation(client, inst.speculator, inst.log_path, self.opts.probe_tokens)
+            return verify_speculation(client, inst.speculator, inst.log_path, self.opts.probe_tokens,
+                                      timeout=max(self.opts.stall_timeout, 120.0))
 
     # ------------------------------------------------------------------ a running child
 

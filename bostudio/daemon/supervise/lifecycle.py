@@ -365,6 +365,16 @@ def evictions(views: list[View], name: str, need: int, budget: int) -> list[str]
     return policy.choose_evictions(resident, need, budget)
 
 
+def device_evictions(views: list[View], name: str, victims: list[str], on_device: dict[str, dict[str, int]],
+                     need: dict[str, int], capacity: dict[str, int]) -> list[str] | None:
+    """More models to stop, beyond `victims` (chosen by the memory budget), so that what `name` puts on each
+    offload device fits there: `on_device[model][device]` is what a resident holds there, `need[device]` what
+    `name` will, `capacity[device]` what the device holds. None: a device cannot make room."""
+    resident = [policy.Resident(v.name, v.bytes, v.last_used, busy=v.active > 0 or v.state != READY)
+                for v in views if v.name != name and v.name not in victims and v.state in RESIDENT_STATES]
+    return policy.choose_device_evictions(resident, on_device, need, capacity)
+
+
 def idle(views: list[View], now: float, ttl: float) -> list[str]:
     """The ready models idle (no request in flight) for longer than `ttl` seconds (ttl <= 0: never)."""
     resident = [policy.Resident(v.name, 0, v.last_used, busy=v.active > 0) for v in views if v.state == READY]

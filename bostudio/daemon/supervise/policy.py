@@ -33,6 +33,26 @@ def choose_evictions(resident: list[Resident], need: int, budget: int) -> list[s
     return None
 
 
+def choose_device_evictions(resident: list[Resident], on_device: dict[str, dict[str, int]], need: dict[str, int],
+                            capacity: dict[str, int]) -> list[str] | None:
+    """choose_evictions for each offload device: `on_device[name][device]` is what a resident holds there,
+    `need[device]` what the new instance will, `capacity[device]` what the device holds (its free memory,
+    or a cap set in config.toml). Victims of one device are not counted twice; None when a device cannot
+    make room."""
+    victims: list[str] = []
+    for device, want in need.items():
+        if want <= 0 or device not in capacity:
+            continue
+        # only those holding memory there: unloading the others frees nothing on this device
+        left = [Resident(r.name, held, r.last_used, r.busy) for r in resident
+                if r.name not in victims and (held := on_device.get(r.name, {}).get(device, 0))]
+        more = choose_evictions(left, want, capacity[device])
+        if more is None:
+            return None
+        victims += more
+    return victims
+
+
 def idle_expired(resident: list[Resident], now: float, ttl: float) -> list[str]:
     """Instances idle for longer than `ttl` seconds (ttl <= 0: never)."""
     if ttl <= 0:

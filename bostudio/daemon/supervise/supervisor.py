@@ -35,6 +35,7 @@ from bostudio.rpc.probe import Pool, discover_pool
 from bostudio.rpc.workers import Worker
 from bostudio.runtime.client import ChildError
 from bostudio.runtime.metrics import parse_metrics
+from bostudio.runtime.process import LOAD_TIMEOUT_S
 from bostudio.speculation import draft_length, draft_length_ceiling, parse_spec
 
 log = logging.getLogger("bostudio.daemon")
@@ -48,7 +49,7 @@ class SupervisorOptions:
     memory_budget: int = 0  # bytes; 0: 80% of this machine's RAM
     idle_ttl: float = 600.0  # seconds; 0: never unload idle models
     stall_timeout: float = 120.0  # a silent loader is killed after this
-    load_timeout: float = 900.0
+    load_timeout: float = LOAD_TIMEOUT_S
     grace: float = 10.0  # SIGTERM -> SIGKILL
     probe_tokens: int = 16
     ctx: int | None = None  # None: the largest context that fits, up to the model's training context
@@ -392,14 +393,29 @@ class Supervisor:
     async def make_room(self, inst: Instance, need: int) -> None:
         """Stop idle models, least recently used first, until `need` more bytes fit the budget."""
         victims = lc.evictions(self.views(), inst.name, need, self.budget())
+        if victims is not None:  # each offload device must hold what lands on it too
+            on_device, want, capacity = await asyncio.to_thread(self._device_room, inst)
+            more = lc.device_evictions(self.views(), inst.name, victims, on_device, want, capacity)
+            victims = None if more is None else victims + more
         if victims is None:
             raise OutOfMemoryError(f"{inst.name} needs {need / policy.MIB:.0f} MiB and does not fit the memory "
                                    f"budget of {self.budget() / policy.MIB:.0f} MiB next to the busy models",
                                    "stop a model (`bostudio stop MODEL`), use a smaller context, or raise "
                                    "--memory-budget")
         for name in victims:
+            log.info("%s: evicted to make room for %s", name, inst.name)
             self.bus.publish("evict", model=name, for_model=inst.name)
             await self.stop(name, reason="evicted")
+
+    def _device_room(self, inst: Instance) -> tuple[dict[str, dict[str, int]], dict[str, int], dict[str, int]]:
+        """(what each resident holds per offload device, what `inst` needs there, what each device holds: its
+        free memory as the engine listed it, or its cap from config.toml) for lifecycle.device_evictions.
+        Blocking (device probes): call it off the event loop."""
+        capacity = {d.label: min(d.usable_bytes, d.budget_bytes if d.budget_bytes is not None else d.usable_bytes)
+                    for d in discover_devices(engine_devices=self.engine.devices).devices if d.is_gpu and not d.remote}
+        on_device = {i.name: i.device_bytes() for i in self.instances.values()
+                     if i is not inst and i.state in RESIDENT_STATES}
+        return on_device, inst.device_bytes(), capacity
 
     # ------------------------------------------------------------------ background loops
 
