@@ -27,7 +27,7 @@ from bostudio.errors import BuildError
 from bostudio.gguf import ModelInfo, describe
 from bostudio.hardware import discover_devices
 from bostudio.hardware.device import Device
-from bostudio.planner import NGRAM_SPEC, NO_SPEC, Intent, Plan, plan
+from bostudio.planner import NO_SPEC, Intent, Plan, plan
 from bostudio.planner.fit import RUNTIME_OUTPUT
 from bostudio.planner.memory import MIB
 from bostudio.planner.reported import device_buffers, parse_reported_memory
