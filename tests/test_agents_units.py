@@ -129,6 +129,16 @@ def test_claude_code_gets_environment_only(tmp_path: Path) -> None:
     assert int(env["API_TIMEOUT_MS"]) == LOCAL_TIMEOUT_MS  # a local prefill outlasts the cloud default
 
 
+def test_codex_is_left_the_tools_a_local_model_can_use(tmp_path: Path) -> None:
+    """OpenAI's hosted tools, sub-agents, goals, images, apps, plugins and the skills catalogue off (what the
+    CLI then sends is checked on the real Codex in test_agents_real.test_codex_exec)."""
+    toml = tomllib.loads(next(iter(configure("codex", TARGET, tmp_path).files.values())))
+    assert toml["web_search"] == "disabled"
+    assert not any(toml["features"][k] for k in ("goals", "view_image", "image_generation", "apps", "plugins"))
+    assert toml["agents"]["enabled"] is False
+    assert toml["skills"]["include_instructions"] is False and toml["skills"]["bundled"]["enabled"] is False
+
+
 def test_codex_gets_a_provider_in_a_codex_home_of_bostudios(tmp_path: Path) -> None:
     cfg = configure("codex", TARGET, tmp_path)
     assert cfg.env["CODEX_HOME"] == str(tmp_path / "codex") and cfg.env["BOSTUDIO_API_KEY"] == "tok"

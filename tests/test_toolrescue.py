@@ -28,6 +28,7 @@ CALL = '{"name": "Write", "arguments": {"file_path": "hello.py", "content": "pri
     (CALL, "Write"),
     (f"<tool_call>\n{CALL}\n</tool_call>", "Write"),
     (f"```json\n<tool_call>\n{CALL}\n</tool_call>\n```", "Write"),
+    (f"<tools>\n{CALL}\n</tools>", "Write"),
     ('```json\n{"name": "get_weather", "parameters": {"city": "Paris"}}\n```', "get_weather"),
     ('{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}', "get_weather"),
     # not a call: prose around it, another tool, schema failures, extra keys, not JSON, several objects
@@ -42,6 +43,10 @@ CALL = '{"name": "Write", "arguments": {"file_path": "hello.py", "content": "pri
     ('```python\nprint("hello")\n```', None),
     ('```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n{"name": "get_weather"}\n```', None),
     ('{"city": "Paris"}', None),
+    # tags that do not pair, a tag left open, the tool list echoed back (a definition, not a call)
+    (f"<tools>\n{CALL}\n</tool_call>", None),
+    (f"<tools>\n{CALL}", None),
+    ('<tools>\n{"type": "function", "function": {"name": "get_weather", "parameters": {}}}\n</tools>', None),
     ("", None),
 ])
 def test_the_rule_is_narrow(text: str, expected: str | None) -> None:
@@ -67,7 +72,8 @@ def test_request_tools_per_dialect_and_tool_choice_none() -> None:
 
 
 @pytest.mark.parametrize("text, could", [("", True), ("  \n", True), ("`", True), ("``", True), ("```js", True),
-                                         ("{", True), ("<tool", True), ("<tool_call>{", True), ("Hello", False),
+                                         ("{", True), ("<tool", True), ("<tool_call>{", True), ("<tools>", True),
+                                         ("<tools>\n{", True), ("<toolbox>", False), ("Hello", False),
                                          ("<div>", False), ("I'll", False)])
 def test_which_beginnings_are_held(text: str, could: bool) -> None:
     assert could_be_call(text) is could

@@ -139,6 +139,18 @@ def claude_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
     return AgentConfig("claude", BINARIES["claude"], f"{pkg}@{ver}", env)
 
 
+# What Codex offers a model that a local server cannot serve or a local model does not need. Codex 0.171's
+# first request otherwise carries eight tools (41k characters) where these leave three (25k): web search and
+# image generation are OpenAI's hosted tools; sub-agents (an 11k-character tool namespace), goals, apps,
+# plugins and the bundled skills' catalogue cost every turn's prefill, and a 1.5B model picked among them
+# poorly (BENCHMARKS.md, "Coding agents on this machine"). view_image needs a vision model. What stays:
+# exec_command, write_stdin, request_user_input. Checked with a recording server (tests/test_agents_real.py).
+CODEX_TOOLS_OFF = ('web_search = "disabled"',)
+CODEX_TABLES_OFF = ("[features]", "goals = false", "view_image = false", "image_generation = false",
+                    "apps = false", "plugins = false", "", "[agents]", "enabled = false", "",
+                    "[skills]", "include_instructions = false", "", "[skills.bundled]", "enabled = false", "")
+
+
 def codex_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
     """Codex: a CODEX_HOME owned by bostudio with a `bostudio` provider speaking the Responses API. (Codex
     0.171 ignores `model_max_output_tokens` and sends no output limit.)"""
@@ -151,6 +163,7 @@ def codex_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
         f"model_auto_compact_token_limit = {codex_compact_limit(target.ctx)}",
         'approval_policy = "on-request"',
         "check_for_update_on_startup = false",
+        *CODEX_TOOLS_OFF,
         "",
         "[analytics]",
         "enabled = false",
@@ -168,6 +181,7 @@ def codex_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
         "stream_max_retries = 1",
         f"stream_idle_timeout_ms = {LOCAL_TIMEOUT_MS}",
         "",
+        *CODEX_TABLES_OFF,
     ])
     pkg, ver = PINNED["codex"]
     return AgentConfig("codex", BINARIES["codex"], f"{pkg}@{ver}",

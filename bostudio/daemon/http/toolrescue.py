@@ -5,7 +5,8 @@ and nothing happens (Qwen2.5-Coder-1.5B did so on Claude Code's prompt and on a 
 
 The rule is narrow on purpose. A response becomes a tool call only when ALL of it:
 - is the whole text of the answer (nothing before or after but white space), with no real call beside it;
-- is one JSON object, bare or in one ``` fence (any language tag), optionally wrapped in <tool_call> tags;
+- is one JSON object, bare or in one ``` fence (any language tag), optionally wrapped in <tool_call> tags or
+  in <tools> tags (Qwen2.5-Coder-1.5B wrote its call so, echoing the tag its template lists the tools in);
 - names one of the request's own tools (`name`), and carries its arguments as an object (`arguments`,
   `parameters` or `input`; a JSON string holding an object counts) and no other key;
 - and those arguments validate against that tool's JSON schema.
@@ -13,7 +14,7 @@ Text that fails any of these passes through unchanged: never a call that fails t
 `tool_choice: none` (or no tools) is never touched.
 
 For a streamed answer, text deltas are held only while the answer so far could still be such a block (it
-is empty or starts with "`", "{" or "<tool_call>"); the first other character releases them and the rest
+is empty or starts with "`", "{", "<tool_call>" or "<tools>"); the first other character releases them and the rest
 streams through untouched. A held answer is decided at its end. Pure: bytes in, bytes out, per API
 dialect (OpenAI chat, Anthropic messages, OpenAI Responses), streamed (SSE) or whole (JSON).
 """
@@ -31,7 +32,8 @@ import jsonschema
 import referencing.exceptions
 
 FENCE = re.compile(r"\A```[\w+-]*[ \t]*\n(.*?)\n?[ \t]*```\Z", re.S)
-TOOL_CALL_TAGS = re.compile(r"\A<tool_call>\s*(.*?)\s*</tool_call>\Z", re.S)
+TAGS = ("<tool_call>", "<tools>")
+TOOL_CALL_TAGS = re.compile(r"\A<(tool_call|tools)>\s*(.*?)\s*</\1>\Z", re.S)
 ARG_KEYS = ("arguments", "parameters", "input")
 MAX_HELD = 1 << 20  # bytes of held text; past this the answer streams on as text
 
@@ -71,7 +73,7 @@ def near_miss_call(text: str, tools: dict[str, dict]) -> tuple[str, dict] | None
         inner = fenced.group(1).strip()
     tagged = TOOL_CALL_TAGS.match(inner)
     if tagged:
-        inner = tagged.group(1).strip()
+        inner = tagged.group(2).strip()
     if not inner.startswith("{"):
         return None
     try:
@@ -106,7 +108,7 @@ def near_miss_call(text: str, tools: dict[str, dict]) -> tuple[str, dict] | None
 def could_be_call(text: str) -> bool:
     """Whether an answer that starts with `text` may still turn out to be a near-miss call."""
     s = text.lstrip()
-    return s == "" or s.startswith(("`", "{")) or "<tool_call>".startswith(s[:11])
+    return s == "" or s.startswith(("`", "{")) or any(tag.startswith(s[:len(tag)]) for tag in TAGS)
 
 
 # ------------------------------------------------------------------------------------------- SSE plumbing
