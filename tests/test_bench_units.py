@@ -9,6 +9,7 @@ import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -574,7 +575,7 @@ def test_bench_never_gives_two_servers_one_port_and_retries_a_taken_one(monkeypa
     started: list[int] = []
 
     class FakeProcess:
-        def __init__(self, argv: list[str], port: int, log_path: Path) -> None:
+        def __init__(self, argv: list[str], port: int, log_path: Path, env: dict | None = None) -> None:
             self.port, self.log_path, self.base_url = port, log_path, f"http://127.0.0.1:{port}"
 
         def start(self) -> None:
@@ -603,6 +604,7 @@ def test_bench_never_gives_two_servers_one_port_and_retries_a_taken_one(monkeypa
     bench = object.__new__(runner.Bench)
     bench.configs = [runner.BenchConfig(n, Speculator("none")) for n in ("off", "b")]
     bench.progress, bench.servers, bench._starts, bench._logdir = (lambda _: None), [], 0, tmp_path
+    bench.engine = SimpleNamespace(server_env=dict)  # the environment it gives llama-server
     monkeypatch.setattr(bench, "argv", lambda config, port: ["llama-server", "--port", str(port)])
     bench._start([0, 1])
     assert started == [7001, 7002, 7003]  # b never got 7001; its 7002 was taken, so it runs on 7003
