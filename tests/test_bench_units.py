@@ -16,7 +16,7 @@ import pytest
 from bostudio import profiles
 from bostudio.bench.measure import OFF, Sample, accept_length, project, report_json, summarise
 from bostudio.bench.tune import (Candidate, Tally, break_even_acceptance, candidates, choose_config, halve,
-                                 median_interval, ranking, round_prompts)
+                                 median_interval, ranking, round_one_admits, round_prompts)
 from bostudio.bench.workloads import SHIPPED, WORKLOADS, filler_code, resolve_workloads
 from bostudio.daemon.supervise import policy
 from bostudio.daemon.supervise.stats import InstanceStats
@@ -171,6 +171,20 @@ def test_halving_keeps_the_better_half_by_median_tok_s() -> None:
 ])
 def test_round_prompts_weighs_every_task_and_stays_in_the_budget(round_no, costs, left, expected) -> None:
     assert round_prompts(round_no, 3, costs, left) == expected
+
+
+@pytest.mark.parametrize("costs,next_cost,elapsed,budget,admits", [
+    ([], 18.0, 10.0, 300.0, True),                 # the first two run when they fit at all
+    ([18.0], 18.0, 28.0, 300.0, True),
+    ([18.0], 18.0, 290.0, 300.0, False),
+    ([18.0] * 7, 18.0, 136.0, 300.0, True),        # 8 measured by 154 s, then 4 x 2 pairs (144 s): 298 s
+    ([18.0] * 8, 18.0, 154.0, 300.0, False),       # a ninth: 172 s, then 5 x 2 pairs (180 s) would not fit
+    ([18.0] * 15, 18.0, 280.0, 2000.0, True),      # a large budget measures every candidate
+])
+def test_round_one_keeps_time_for_round_two(costs, next_cost, elapsed, budget, admits) -> None:
+    """One prompt pair per candidate decides nothing (the 1.5B's edit tune measured 16 candidates once each
+    in 285 of 300 s and had to choose off): round 1 stops while the better half can still run round 2."""
+    assert round_one_admits(costs, next_cost, 1, elapsed, budget) is admits
 
 
 def test_ranking_puts_the_furthest_candidates_first_then_by_tok_s() -> None:

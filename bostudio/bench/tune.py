@@ -163,6 +163,22 @@ def round_prompts(round_no: int, n_tasks: int, pair_costs: Sequence[float] | Non
     return min(want, fits - fits % n_tasks)
 
 
+def round_one_admits(costs: Sequence[float], next_cost: float, per_round: int, elapsed_s: float,
+                     budget_s: float) -> bool:
+    """Whether round 1 measures one more candidate. One prompt pair per candidate is too few to choose by
+    (MIN_PAIRED): the better half must still run round 2 (twice the prompts each, about as long as round 1)
+    within the budget, so round 1 takes only as many candidates as leave that room; the candidates come in
+    the order `candidates` lists them (llama.cpp's defaults first). The first two only need to fit
+    themselves. `costs`: seconds per prompt pair of the candidates measured so far in round 1."""
+    own = elapsed_s + next_cost * per_round
+    k = len(costs) + 1
+    if k <= 2:
+        return own <= budget_s
+    average = (sum(costs) + next_cost) / k
+    round_two = (k + 1) // 2 * 2 * per_round * average
+    return own + round_two <= budget_s
+
+
 def ranking(tallies: Sequence[Tally]) -> list[Tally]:
     """The sweep's order: the candidates that went furthest first (they ran the most prompts, the same ones),
     each group by median tok/s."""
@@ -357,10 +373,14 @@ def run_tune(model_path: Path, engine, workload: str, tasks, budget_s: float, to
             served += per_round
             measured_this_round = []
             for t in alive:
-                if rounds == 1 and cost and time.monotonic() - started + max(cost.values()) * per_round > budget_s:
-                    # round 1 may stop early: the candidates measured so far ran the same prompts
+                if rounds == 1 and cost and not round_one_admits(
+                        [cost[m.candidate.label] for m in measured_this_round], max(cost.values()), per_round,
+                        time.monotonic() - started, budget_s):
+                    # round 1 may stop early (the candidates measured so far ran the same prompts), keeping
+                    # the time for round 2
                     progress(f"budget: {time.monotonic() - started:.0f} of {budget_s:.0f} s spent in round 1; "
-                             f"{len(alive) - len(measured_this_round)} candidate(s) left unmeasured")
+                             f"{len(alive) - len(measured_this_round)} candidate(s) left unmeasured, the rest "
+                             f"kept for round 2")
                     break
                 t0 = time.monotonic()
                 with Bench(info, engine, [BenchConfig(t.candidate.label, t.candidate.speculator)], ctx,
