@@ -208,6 +208,9 @@ def test_old_vulkan_headers_get_the_compat_header_and_one_cache_key(tmp_path: Pa
     moved = [f.replace(str(build_module.VULKAN_COMPAT_DIR), "/elsewhere/vulkan_compat") for f in old]
     monkeypatch.setattr(build_module, "VULKAN_COMPAT_DIR", Path("/elsewhere/vulkan_compat"))
     assert cache_key("abc", "vulkan", moved) == here != cache_key("abc", "vulkan", ["-DGGML_VULKAN=ON"])
+    # an engine built from another checkout records that checkout's path in its flags: still the same build
+    other = [f.replace("/elsewhere/vulkan_compat", "/work/wt-other/bostudio/engine/vulkan_compat") for f in moved]
+    assert cache_key("abc", "vulkan", other) == here
 
 
 def test_backend_flags_with_toolchain(tmp_path: Path) -> None:

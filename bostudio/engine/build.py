@@ -65,6 +65,7 @@ VULKAN_DEBIAN_PACKAGES = ("libvulkan-dev", "glslc", "spirv-headers", "mesa-vulka
 # Headers older than 1.3.261 (Debian 12's 1.3.239) lack VK_EXT_layer_settings, whose types ggml-vulkan.cpp
 # uses unconditionally: this directory's vulkan/vulkan.hpp declares them (see the header for why that is safe).
 VULKAN_COMPAT_DIR = Path(__file__).with_name("vulkan_compat")
+_COMPAT_PATH = re.compile(r"(?<=-I)\S*/bostudio/engine/vulkan_compat(?=\s|$)")
 _COMPAT_KEY = "<vulkan-compat>"  # the compat dir in a cache key: the same build wherever bostudio is installed
 
 
@@ -185,7 +186,9 @@ def _read(path: Path) -> str:
 
 
 def cache_key(commit: str, backend: str, flags: list[str]) -> str:
-    flags = [f.replace(str(VULKAN_COMPAT_DIR), _COMPAT_KEY) for f in flags]
+    # The compat dir wherever it was (this install, or the checkout an engine was built from: its flags record
+    # that path) is one identity, so an engine built from another checkout is still the default build.
+    flags = [_COMPAT_PATH.sub(_COMPAT_KEY, f.replace(str(VULKAN_COMPAT_DIR), _COMPAT_KEY)) for f in flags]
     digest = hashlib.sha256("\n".join([backend, *BASE_FLAGS, *flags]).encode()).hexdigest()[:10]
     return f"{commit[:12]}-{backend}-{digest}"
 
