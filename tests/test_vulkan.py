@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bostudio.engine.argv import plan_args
 from bostudio.engine.build import backend_flags, built_engines, is_current_default
 from bostudio.engine.discover import VK_VISIBLE, Engine, probe_engine
 from bostudio.errors import BuildError
@@ -153,7 +154,7 @@ def planned_per_device(p: Plan) -> dict[str, dict[str, int]]:
 def check_against_llama_cpp(p: Plan, spec: Speculator, model: Path, vk_engine: Engine) -> dict:
     """Run the plan's argv in the Vulkan llama-server and hold its buffers against the plan: KV (and the
     draft's) within 1%, the total within 5%, and each device's weights and KV within 5%."""
-    log = run_server(vk_engine.path, model, p.llama_args() + spec_args(spec), timeout=240)
+    log = run_server(vk_engine.path, model, plan_args(p) + spec_args(spec), timeout=240)
     rep = parse_reported_memory(log)
     assert rep.contexts, f"llama-server did not create a context:\n{log[-3000:]}"
     o = p.chosen
@@ -182,7 +183,7 @@ def test_gemma_is_offloaded_whole_and_its_buffers_match_the_plan(vk_engine: Engi
     # lavapipe binds at most 128 MiB per buffer: the 170 MiB tied output projection stays on the host, as
     # llama.cpp decides by itself; the plan knows (vulkaninfo) and pins it there with -ot
     (vk,) = [d for d in vk_devices if d.backend == "vulkan"]
-    assert vk.max_tensor_bytes == 128 * MIB and p.chosen.output_on_host and "-ot" in p.llama_args()
+    assert vk.max_tensor_bytes == 128 * MIB and p.chosen.output_on_host and "-ot" in plan_args(p)
     assert run["reported"]["Vulkan0"]["weights"] > 0
 
 
@@ -243,7 +244,7 @@ def test_two_lavapipe_devices_split_the_target_and_the_draft_goes_to_one(
     target, draft = pair
     spec = Speculator("draft", ("draft-simple",), draft=draft.path, n_max=8)
     p = plan(target, devices, Intent(ctx=4096, speculation="on"), spec, draft)
-    args = p.llama_args()
+    args = plan_args(p)
     assert args[args.index("-dev") + 1] == "Vulkan0,Vulkan1" and "-ts" in args
     assert p.chosen.draft_device in ("Vulkan0", "Vulkan1") and args[args.index("-devd") + 1] == p.chosen.draft_device
     split = dict(p.chosen.split)
