@@ -13,8 +13,8 @@ import pytest
 
 from bostudio.engine import build as build_module
 from bostudio.engine.argv import LaunchSpec, build_argv
-from bostudio.engine.build import (PORTABLE_ENV, PORTABLE_FLAGS, BuiltEngine, backend_flags, build_engine, cache_key,
-                                   is_current_default, portable_requested)
+from bostudio.engine.build import (PORTABLE_ENV, PORTABLE_FLAGS, BuiltEngine, backend_flags, build_engine, build_step,
+                                   cache_key, is_current_default, portable_requested)
 from bostudio.engine.discover import Engine, choose_engine, parse_devices, parse_help, parse_version
 from bostudio.hardware.device import EngineDevice
 from bostudio.errors import BuildError
@@ -147,6 +147,23 @@ def test_second_build_returns_the_cached_engine_without_compiling(engine: Engine
     built = build_engine("cpu", log=lambda m: None)
     assert built.server.exists()
     assert built.key == cache_key(built.commit, "cpu", [])
+
+
+def test_build_progress_follows_the_outer_build_not_a_nested_one() -> None:
+    """The Vulkan build runs vulkan-shaders-gen's own ninja ([1/2], [2/2]) inside the outer [28/552]: the
+    progress stays on the outer count, so a log does not say 100% with most of the build to go."""
+    lines = ["[27/552] Building C object ggml/src/ggml.c.o", "[28/552] Performing build step for 'vulkan-shaders-gen'",
+             "[1/2] Building CXX object CMakeFiles/vulkan-shaders-gen.dir/vulkan-shaders-gen.cpp.o",
+             "[2/2] Linking CXX executable vulkan-shaders-gen", "ggml_vulkan: Generating and compiling shaders to SPIR-V",
+             "[29/552] Building CXX object src/llama.cpp.o", "[552/552] Linking CXX executable bin/llama-server"]
+    steps, total = [], 0
+    for line in lines:
+        step = build_step(line, total)
+        if step is not None:
+            total = step[1]
+            steps.append(step)
+    assert steps == [(27, 552), (28, 552), (29, 552), (552, 552)]
+    assert build_step("[ 42%] Building CXX object x.o", 0) == (42, 100)  # make
 
 
 def test_cache_key_depends_on_commit_backend_flags() -> None:

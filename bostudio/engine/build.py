@@ -61,12 +61,16 @@ VULKAN_HEADERS: tuple[Path, ...] = (Path("/usr/include/vulkan/vulkan.h"),)
 # headers and loader, the shader compiler, SPIR-V headers, and Mesa's drivers (lavapipe: a software
 # device, so a machine without a GPU still has one to run on). Debian 12's versions build the pinned
 # llama.cpp; glslc 2023.2 lacks the optional coopmat/int-dot/bf16 extensions, which CMake then skips.
-VULKAN_DEBIAN_PACKAGES = ("libvulkan-dev", "glslc", "spirv-headers", "mesa-vulkan-drivers")
+# vulkan-tools: vulkaninfo, from which the planner reads a device's largest buffer (bostudio.hardware.vulkan).
+VULKAN_DEBIAN_PACKAGES = ("libvulkan-dev", "glslc", "spirv-headers", "mesa-vulkan-drivers", "vulkan-tools")
 # Headers older than 1.3.261 (Debian 12's 1.3.239) lack VK_EXT_layer_settings, whose types ggml-vulkan.cpp
 # uses unconditionally: this directory's vulkan/vulkan.hpp declares them (see the header for why that is safe).
 VULKAN_COMPAT_DIR = Path(__file__).with_name("vulkan_compat")
 _COMPAT_PATH = re.compile(r"(?<=-I)\S*/bostudio/engine/vulkan_compat(?=\s|$)")
 _COMPAT_KEY = "<vulkan-compat>"  # the compat dir in a cache key: the same build wherever bostudio is installed
+# Measured cold builds (docs/vulkan.md): CPU 4.6-5.0 min, Vulkan 7.1 min (its shaders) on a quiet 2-core machine;
+# slower CPUs and a busy machine take two to four times as long.
+BUILD_TIME = {"cpu": "a CPU build takes about 5-10 minutes", "vulkan": "a Vulkan build takes about 7-15 minutes"}
 
 
 def _which_any(names: tuple[str, ...], env: dict[str, str], extra_dirs: tuple[str, ...] = ()) -> str | None:
@@ -243,6 +247,19 @@ _PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")  # ninja
 _PROGRESS_MAKE = re.compile(r"^\[\s*(\d+)%\]")  # make
 
 
+def build_step(line: str, total: int) -> tuple[int, int] | None:
+    """(done, total) of the build from one line of its output, or None. `total`: the largest total seen so far.
+    A step count with a smaller total is a nested build's (the Vulkan backend builds vulkan-shaders-gen as
+    an ExternalProject with its own ninja, [1/2] [2/2], in the middle of the outer [28/552]): following it
+    would show 100% with ten minutes to go and, in a log, nothing more until the end."""
+    m = _PROGRESS.match(line)
+    if m:
+        done, of = int(m.group(1)), int(m.group(2))
+        return (done, of) if of >= total else None
+    m = _PROGRESS_MAKE.match(line)
+    return (int(m.group(1)), 100) if m else None
+
+
 def portable_requested(env: dict[str, str] | None = None) -> bool:
     """Whether $BOSTUDIO_ENGINE_PORTABLE asks for the portable variant (1/yes/true/on)."""
     value = (os.environ if env is None else env).get(PORTABLE_ENV, "")
@@ -293,7 +310,7 @@ def build_engine(backend: str = "cpu", jobs: int | None = None, source: LlamaSou
         log("the Vulkan headers here lack VK_EXT_layer_settings (older than 1.3.261, as Debian 12's 1.3.239): "
             f"building with bostudio's compat header ({VULKAN_COMPAT_DIR})")
     log(f"building llama.cpp {src.short_commit} for {backend}{variant} with {jobs} jobs "
-        f"(log: {log_path}); a CPU build takes about 10-15 minutes on 2 cores")
+        f"(log: {log_path}); {BUILD_TIME.get(backend, f'a {backend} build (its kernels) takes 15 minutes or more')} on 2 quiet cores, longer when busy")
     started = time.monotonic()
     with open(log_path, "w") as logf:
         logf.write("$ " + " ".join(configure) + "\n")
@@ -305,18 +322,16 @@ def build_engine(backend: str = "cpu", jobs: int | None = None, source: LlamaSou
         logf.write("$ " + " ".join(compile_cmd) + "\n")
         logf.flush()
         progress = Progress("building llama.cpp")
+        total = 0
         with subprocess.Popen(compile_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               env=env, text=True, bufsize=1) as p:
             assert p.stdout is not None
             for line in p.stdout:
                 logf.write(line)
-                m = _PROGRESS.match(line)
-                if m:
-                    progress.update(int(m.group(1)), int(m.group(2)), line.split()[-1])
-                else:
-                    m = _PROGRESS_MAKE.match(line)
-                    if m:
-                        progress.update(int(m.group(1)), 100, line.split()[-1])
+                step = build_step(line, total)
+                if step is not None:
+                    total = step[1]
+                    progress.update(step[0], step[1], line.split()[-1])
             rc = p.wait()
         progress.finish()
         if rc != 0:
