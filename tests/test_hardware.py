@@ -284,8 +284,10 @@ def test_vulkaninfo_gives_the_largest_tensor_a_vulkan_device_takes(tmp_path: Pat
     r = discover_devices(ps=FakePsutil, root=tmp_path, system="Linux", engine_devices=listed, budgets={},
                          run=runner({("vulkaninfo",): recorded("vulkaninfo_lavapipe.txt")}))
     vk = next(d for d in r.devices if d.backend == "vulkan")
-    assert vk.max_tensor_bytes == 128 * MIB
-    # without vulkaninfo the limit is unknown, not an error
+    assert vk.max_tensor_bytes == 128 * MIB and not any("vulkaninfo" in p for p in r.problems)
+    # without vulkaninfo the limit is unknown, not an error, and `devices` says what to install
     r = discover_devices(ps=FakePsutil, root=tmp_path, system="Linux", engine_devices=listed, budgets={},
                          run=runner({}))
     assert next(d for d in r.devices if d.backend == "vulkan").max_tensor_bytes is None
+    assert any("Vulkan0" in p and "vulkan-tools" in p for p in r.problems), r.problems
+

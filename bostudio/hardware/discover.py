@@ -50,6 +50,7 @@ def discover_devices(*, nvml: ModuleType | None = None, amdsmi: ModuleType | Non
             result = result + ProbeResult(problems=(f"{vendor}: probe failed ({type(exc).__name__}: {exc})",))
     if engine_devices is not None:
         checked = cross_check(result.devices, engine_devices)
-        result = ProbeResult(with_storage_limits(checked.devices, run), result.problems + checked.problems)
+        limited, notes = with_storage_limits(checked.devices, run)
+        result = ProbeResult(limited, result.problems + checked.problems + notes)
     capped, notes = apply_budgets(result.devices, device_budgets() if budgets is None else budgets)
     return ProbeResult(capped, result.problems + notes)

@@ -27,14 +27,20 @@ def parse_storage_limits(text: str) -> dict[str, int]:
     return out
 
 
-def with_storage_limits(devices: Iterable[Device], run: Callable[[list[str]], str]) -> tuple[Device, ...]:
-    """Vulkan devices with max_tensor_bytes from vulkaninfo; unchanged when vulkaninfo is missing or silent."""
+def with_storage_limits(devices: Iterable[Device], run: Callable[[list[str]], str]) -> tuple[tuple[Device, ...],
+                                                                                          tuple[str, ...]]:
+    """Vulkan devices with max_tensor_bytes from vulkaninfo, and a note when that limit stays unknown (vulkaninfo
+    missing, timed out, or silent about a device): the plan may then place a weight the device cannot bind."""
     devs = tuple(devices)
-    if not any(d.backend == "vulkan" for d in devs):
-        return devs
+    vulkan = [d for d in devs if d.backend == "vulkan"]
+    if not vulkan:
+        return devs, ()
     try:
         limits = parse_storage_limits(run(["vulkaninfo"]))
     except Exception:  # not installed, timed out, no driver: the limit stays unknown
-        return devs
+        limits = {}
+    unknown = [d.engine_name or d.name for d in vulkan if d.name not in limits]
+    note = (f"vulkan: no buffer limit known for {', '.join(unknown)} (vulkaninfo missing or silent: install "
+            "vulkan-tools); a weight larger than the device can bind may be planned onto it",) if unknown else ()
     return tuple(d.with_(max_tensor_bytes=limits[d.name]) if d.backend == "vulkan" and d.name in limits else d
-                 for d in devs)
+                 for d in devs), note
