@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bostudio.engine import amx as amx_module
 from bostudio.engine import build as build_module
 from bostudio.engine.argv import LaunchSpec, build_argv
 from bostudio.engine.build import (PORTABLE_ENV, PORTABLE_FLAGS, BuiltEngine, backend_flags, build_engine, build_step,
@@ -142,11 +143,13 @@ def test_second_build_returns_the_cached_engine_without_compiling(engine: Engine
     def no_build(*args: object, **kwargs: object) -> None:
         raise AssertionError(f"a cached engine was built again: {args[0] if args else kwargs}")
 
+    problem = build_module.amx_problem()  # the AMX probe compiles and runs before any cmake
+    monkeypatch.setattr(build_module, "amx_problem", lambda: problem)
     monkeypatch.setattr(build_module.subprocess, "run", no_build)  # cmake configure
     monkeypatch.setattr(build_module.subprocess, "Popen", no_build)  # cmake --build
     built = build_engine("cpu", log=lambda m: None)
     assert built.server.exists()
-    assert built.key == cache_key(built.commit, "cpu", [])
+    assert built.key == cache_key(built.commit, "cpu", list(built.flags))
 
 
 def test_build_progress_follows_the_outer_build_not_a_nested_one() -> None:
@@ -164,6 +167,56 @@ def test_build_progress_follows_the_outer_build_not_a_nested_one() -> None:
             steps.append(step)
     assert steps == [(27, 552), (28, 552), (29, 552), (552, 552)]
     assert build_step("[ 42%] Building CXX object x.o", 0) == (42, 100)  # make
+
+
+def test_cpu_reports_amx_reads_the_flags_line(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("model name\t: Xeon\nflags\t\t: fpu avx512f amx_bf16 amx_tile amx_int8\n")
+    assert amx_module.cpu_reports_amx(info)
+    info.write_text("model name\t: EPYC\nflags\t\t: fpu avx2 avx512f\n")
+    assert not amx_module.cpu_reports_amx(info)
+    assert not amx_module.cpu_reports_amx(tmp_path / "missing")
+
+
+def test_the_amx_probe_names_a_compiler_that_fails_and_passes_without_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(amx_module, "cpu_reports_amx", lambda: True)
+    why = amx_module.amx_problem(env={"CXX": "/bin/false", "PATH": os.environ["PATH"]})
+    assert why.startswith("/bin/false could not compile"), why
+    no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    assert build_module.with_compiler_flags([], amx_module.amx_flags(why)) == [
+        f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS={no_amx}"]
+    # into the Vulkan compat header's CMAKE_CXX_FLAGS, not beside it (a second -D would drop the -I)
+    assert build_module.with_compiler_flags(["-DGGML_VULKAN=ON", "-DCMAKE_CXX_FLAGS=-I/c"], amx_module.amx_flags(why)) \
+        == ["-DGGML_VULKAN=ON", f"-DCMAKE_CXX_FLAGS=-I/c {no_amx}", f"-DCMAKE_C_FLAGS={no_amx}"]
+    monkeypatch.setattr(amx_module, "cpu_reports_amx", lambda: False)
+    assert amx_module.amx_problem() == "" and amx_module.amx_flags("") == ()
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
+def test_the_no_amx_flags_win_over_march_native() -> None:
+    """Explicit -mno-amx-* flags leave __AMX_INT8__ undefined even before -march=native, as CMake orders them
+    (CMAKE_CXX_FLAGS, then ggml's -march=native): ggml-cpu compiles its AMX kernels only with it."""
+    out = subprocess.run(["c++", *amx_module.NO_AMX_FLAGS, "-march=native", "-dM", "-E", "-x", "c++", "-"],
+                         input="", capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "__AMX_INT8__" not in out.stdout and "__AMX_TILE__" not in out.stdout
+
+
+def test_the_built_engine_carries_no_amx_kernels_that_crash_here(engine: Engine) -> None:
+    """Where the CPU reports AMX and the compiler drops ggml's tile configuration (GCC 12), the engine that
+    `engine build` made has no AMX kernels; elsewhere this holds because there is nothing to leave out."""
+    assert not (engine.amx and amx_module.amx_problem()), engine.path
+
+
+def test_a_built_engine_with_amx_kernels_that_die_here_is_not_used(engine: Engine,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from bostudio.engine import discover
+    monkeypatch.setattr(discover, "has_amx", lambda bin_dir: True)
+    monkeypatch.setattr(discover, "cached_amx_problem", lambda cache: "SIGILL in the probe")
+    ours = discover.probe_engine(engine.path, "built")
+    assert not ours.usable and "SIGILL in the probe" in (ours.problem or "")
+    assert "bostudio engine build" in (ours.problem or "")
+    assert discover.probe_engine(engine.path, "env").usable  # someone else's build: its compiler is unknown
 
 
 def test_cache_key_depends_on_commit_backend_flags() -> None:

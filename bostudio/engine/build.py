@@ -21,6 +21,7 @@ from typing import Callable
 
 from bostudio import paths
 from bostudio.display import Progress
+from bostudio.engine.amx import amx_flags, amx_problem
 from bostudio.engine.source import LlamaSource, ensure_source
 from bostudio.errors import BuildError
 from bostudio.files import write_atomic
@@ -260,6 +261,20 @@ def build_step(line: str, total: int) -> tuple[int, int] | None:
     return (int(m.group(1)), 100) if m else None
 
 
+def with_compiler_flags(flags: list[str], extra: tuple[str, ...]) -> list[str]:
+    """`flags` with `extra` added to CMAKE_C_FLAGS and CMAKE_CXX_FLAGS, into the ones already there (the Vulkan
+    compat header's -I) rather than beside them, where the later -D would win."""
+    out = list(flags)
+    for var in ("CMAKE_C_FLAGS", "CMAKE_CXX_FLAGS"):
+        prefix = f"-D{var}="
+        i = next((k for k, f in enumerate(out) if f.startswith(prefix)), None)
+        if i is None:
+            out.append(prefix + " ".join(extra))
+        else:
+            out[i] = " ".join([out[i], *extra])
+    return out
+
+
 def portable_requested(env: dict[str, str] | None = None) -> bool:
     """Whether $BOSTUDIO_ENGINE_PORTABLE asks for the portable variant (1/yes/true/on)."""
     value = (os.environ if env is None else env).get(PORTABLE_ENV, "")
@@ -285,6 +300,9 @@ def build_engine(backend: str = "cpu", jobs: int | None = None, source: LlamaSou
     flags, extra_env = backend_flags(backend)
     if portable_requested() if portable is None else portable:
         flags = [*flags, *PORTABLE_FLAGS]
+    elif backend != "metal" and (problem := amx_problem()):
+        log(f"leaving ggml's AMX kernels out of this build: {problem}")
+        flags = with_compiler_flags(flags, amx_flags(problem))
     _check_base_toolchain(dict(os.environ))
     src = source or ensure_source(log=log)
     key = cache_key(src.commit, backend, flags)

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bostudio import paths
+from bostudio.engine.amx import AMX_PROBE_CACHE, cached_amx_problem
 from bostudio.engine.build import RPC_SERVER, built_engines, is_current_default
 from bostudio.errors import EngineError
 from bostudio.hardware.device import EngineDevice
@@ -49,6 +51,9 @@ class Engine:
     spec_types: tuple[str, ...] = ()
     flags: frozenset[str] = field(default_factory=frozenset)  # every option --help lists
     problem: str | None = None  # why it cannot be used, if it cannot
+    # Its CPU backend has ggml's AMX buffer type (a -march=native build on a CPU with AMX-INT8): host weights
+    # are then repacked into it, which changes what the host holds (bostudio.planner.memory.amx_host_weights).
+    amx: bool = False
 
     @property
     def usable(self) -> bool:
@@ -177,6 +182,23 @@ def _lib_backends(bin_dir: Path) -> set[str]:
     return found
 
 
+# ggml-cpu/amx/amx.cpp names its buffer type "AMX", and is compiled only with __AMX_INT8__ and __AVX512VNNI__.
+_AMX_NAME = b"\x00AMX\x00"
+
+
+def has_amx(bin_dir: Path) -> bool:
+    """Whether the engine's CPU backend (libggml-cpu*, or a statically linked llama-server) carries the AMX
+    buffer type: the name of that type is in the binary only when it was compiled in."""
+    for lib in [*bin_dir.glob("libggml-cpu*"), bin_dir / "llama-server"]:
+        if lib.is_file() and not lib.is_symlink():
+            try:
+                if _AMX_NAME in lib.read_bytes():
+                    return True
+            except OSError:
+                continue
+    return False
+
+
 def probe_engine(path: Path, source: str) -> Engine:
     """Probe a llama-server binary. A binary that cannot run is returned with `problem` set."""
     path = Path(path)
@@ -199,8 +221,13 @@ def probe_engine(path: Path, source: str) -> Engine:
     problem = None
     if "--spec-type" not in flags:
         problem = "this llama-server has no --spec-type (too old for bostudio's speculative settings)"
+    amx = has_amx(path.parent)
+    if amx and source.startswith("built") and (why := cached_amx_problem(paths.engines_dir() / AMX_PROBE_CACHE)):
+        # built here with AMX kernels that die here (bostudio.engine.amx): its first decode would be a SIGILL
+        problem = f"its AMX kernels would crash on this machine ({why}); run `bostudio engine build`, " \
+                  "which leaves them out"
     return Engine(path=path, source=source, backends=tuple(sorted(backends)), devices=devices,
-                  spec_types=spec_types, flags=flags, problem=problem, **info)
+                  spec_types=spec_types, flags=flags, problem=problem, amx=amx, **info)
 
 
 def candidate_paths() -> list[tuple[Path, str]]:
