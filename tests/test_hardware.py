@@ -291,3 +291,13 @@ def test_vulkaninfo_gives_the_largest_tensor_a_vulkan_device_takes(tmp_path: Pat
     assert next(d for d in r.devices if d.backend == "vulkan").max_tensor_bytes is None
     assert any("Vulkan0" in p and "vulkan-tools" in p for p in r.problems), r.problems
 
+
+def test_an_amx_engine_marks_the_host_and_only_the_host(tmp_path: Path) -> None:
+    listed = parse_devices(recorded("list_devices_lavapipe.txt"))
+    r = discover_devices(ps=FakePsutil, root=tmp_path, system="Linux", engine_devices=listed, budgets={},
+                         run=runner({}), host_amx=True)
+    assert [d.cpu_amx for d in r.devices if not d.is_gpu] == [True]
+    assert not any(d.cpu_amx for d in r.devices if d.is_gpu)
+    r = discover_devices(ps=FakePsutil, root=tmp_path, system="Linux", engine_devices=listed, budgets={},
+                         run=runner({}))
+    assert not any(d.cpu_amx for d in r.devices)

@@ -370,3 +370,34 @@ def test_reported_memory_parser_on_a_recorded_log() -> None:
     assert (draft.kv, draft.compute_total) == (round(2.12 * MIB), round(7.09 * MIB))
     assert rep.ngram_table == 16 * MIB
     assert rep.total == sum(sum(m.values()) for m in rep.models) + target.total + draft.total + 16 * MIB
+
+
+# What llama-server reported (its "model buffer size" lines) from a native build on an AMX Xeon whose CPU backend
+# had the AMX buffer type (measured 2026-12-06, before the build left AMX out there): MiB (mapped, AMX).
+AMX_REPORTED = {"gemma CPU": (235.16, 213.91), "gemma on Vulkan0, output on the host": (170.00, 190.00),
+                "qwen 0.5B CPU": (325.02, 225.48)}
+
+
+def test_the_amx_host_weights_match_what_an_amx_engine_reported(gemma_gguf: Path, qwen_pair: tuple[Path, Path]) -> None:
+    from bostudio.planner.memory import amx_host_weights
+
+    gemma, qwen = describe(gemma_gguf), describe(qwen_pair[1])
+    figures = {"gemma CPU": amx_host_weights(gemma, 0),
+               "gemma on Vulkan0, output on the host": amx_host_weights(gemma, gemma.n_block + 1, output_on_host=True),
+               "qwen 0.5B CPU": amx_host_weights(qwen, 0)}
+    for case, (mapped, amx) in AMX_REPORTED.items():
+        got_mapped, got_amx, repack = figures[case]
+        assert abs(got_mapped / MIB - mapped) < 0.01 and abs(got_amx / MIB - amx) < 0.01, (case, figures[case])
+        assert repack == 0  # every Q4_K matmul weight went to AMX, none is left for CPU_REPACK
+
+
+def test_an_amx_host_plans_the_amx_buffer_in_place_of_the_repacked_copy(gemma_gguf: Path) -> None:
+    m = describe(gemma_gguf)
+    host = Device(vendor="cpu", backend="cpu", name="host", total_bytes=64 * GIB, free_bytes=64 * GIB)
+    plain, _ = memory_uses(m, (host,), Intent(ctx=4096), NO_SPEC, 4096, 0)
+    amx, _ = memory_uses(m, (host.with_(cpu_amx=True),), Intent(ctx=4096), NO_SPEC, 4096, 0)
+    by = {u.component: u.bytes for u in amx}
+    assert "weights (CPU AMX)" not in {u.component for u in plain}
+    assert abs(by["weights (CPU AMX)"] / MIB - 213.91) < 0.01 and abs(by["weights"] / MIB - 235.16) < 0.01
+    assert not by.get("weights (CPU repack)")
+    assert {u.component for u in plain} - {"weights (CPU repack)"} <= set(by)

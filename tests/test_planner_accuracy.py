@@ -19,10 +19,12 @@ import pytest
 
 from bostudio.gguf import ModelInfo, describe
 from bostudio.engine.argv import plan_args
+from bostudio.engine.discover import has_amx
 from bostudio.hardware.device import GIB, Device
 from bostudio.planner import MTP_SPEC, NGRAM_SPEC, NO_SPEC, Intent, Plan, plan
 from bostudio.planner.fit import RUNTIME_OUTPUT
-from bostudio.planner.memory import MIB, ContextSettings, context_shape, kv_cache_bytes, recurrent_state_bytes
+from bostudio.planner.memory import (MIB, ContextSettings, amx_host_weights, context_shape, kv_cache_bytes,
+                                     recurrent_state_bytes)
 from bostudio.planner.reported import ReportedMemory, parse_reported_memory
 from bostudio.speculation import Speculator
 from tests.synth_models import with_fewer_layers, with_nextn_layer, write_arch_models
@@ -30,6 +32,13 @@ from tests.synth_models import with_fewer_layers, with_nextn_layer, write_arch_m
 pytestmark = pytest.mark.engine
 
 HOST = (Device(vendor="cpu", backend="cpu", name="test host", total_bytes=64 * GIB, free_bytes=64 * GIB),)
+
+
+def on_engine(devices: tuple[Device, ...], server: Path) -> tuple[Device, ...]:
+    """The host as the engine's CPU backend sees it: with its AMX buffer type when the engine has one (a
+    native build on an AMX CPU repacks host weights into it; Engine.amx)."""
+    amx = has_amx(server.parent)
+    return tuple(d.with_(cpu_amx=amx) if not d.is_gpu else d for d in devices)
 ARCHS = ["llama", "qwen3", "qwen3moe", "gemma3", "qwen35", "granitehybrid", "mamba2", "deepseek2"]
 # The log prints sizes with two decimals in MiB: a figure is exact to half of 0.01 MiB.
 PRINT_ROUNDING = 0.005 * MIB
@@ -110,7 +119,7 @@ CASES = [
 ]
 
 
-def case_plan(case: Case, models: dict[str, ModelInfo]) -> tuple[Plan, list[str]]:
+def case_plan(case: Case, models: dict[str, ModelInfo], server: Path) -> tuple[Plan, list[str]]:
     """The plan for a case, and the llama-server args for it: the plan's memory flags plus the
     speculator's own flags, as the launcher adds them."""
     m = models[case.model]
@@ -121,7 +130,7 @@ def case_plan(case: Case, models: dict[str, ModelInfo]) -> tuple[Plan, list[str]
                     cache_type_k=case.cache, cache_type_v=case.cache, n_parallel=case.n_parallel,
                     draft_cache_type_k=case.draft_cache, draft_cache_type_v=case.draft_cache,
                     flash_attn=case.flash_attn)
-    p = plan(m, HOST, intent, spec, draft)
+    p = plan(m, on_engine(HOST, server), intent, spec, draft)
     quant_v = "q" in case.cache or (case.spec in ("draft", "mtp") and "q" in case.draft_cache)
     want = case.flash_attn if case.flash_attn != "auto" else "on" if quant_v else "off"
     assert plan_args(p)[plan_args(p).index("-fa") + 1] == want  # always explicit, never llama.cpp's auto
@@ -152,7 +161,7 @@ def reported(rep: ReportedMemory) -> dict[str, int]:
 
 
 def measure(case: Case, models: dict[str, ModelInfo], server: Path) -> tuple[dict[str, int], dict[str, int], str]:
-    p, args = case_plan(case, models)
+    p, args = case_plan(case, models, server)
     assert p.chosen.fits, p.chosen.reason
     log = run_server(server, models[case.model].path, args)
     rep = parse_reported_memory(log)
@@ -218,8 +227,10 @@ def test_a_tight_plan_holds_in_llama_server(models: dict[str, ModelInfo], llama_
     for the launched plan stay inside the budget."""
     gemma = models["gemma-real"]
     budget = 420 * MIB
-    host = (Device(vendor="cpu", backend="cpu", name="small host", total_bytes=budget + 100 * MIB,
-                   free_bytes=budget + 100 * MIB),)
+    if has_amx(llama_server.parent):  # the AMX copies of its weights come on top: 214 MiB
+        budget += amx_host_weights(gemma, 0)[1]
+    host = on_engine((Device(vendor="cpu", backend="cpu", name="small host", total_bytes=budget + 100 * MIB,
+                              free_bytes=budget + 100 * MIB),), llama_server)
     draft = Speculator("draft", ("draft-simple",), draft=gemma.path, n_max=8)
     p = plan(gemma, host, Intent(reserve=100 * MIB), draft, gemma)
     assert p.chosen is p.without_spec and "drops the draft" in p.why and "n-gram speculation does not fit" in p.why

@@ -28,7 +28,8 @@ def _local_devices(engine_path: str | None):  # type: ignore[no-untyped-def]
     if engine is not None and engine.problem:
         problems.append(f"engine: {engine.path}: {engine.problem}")
         engine = None
-    result = discover_devices(engine_devices=engine.devices if engine else None)
+    result = discover_devices(engine_devices=engine.devices if engine else None,
+                              host_amx=engine.amx if engine else False)
     notes = tuple(f"engine: {n}" for n in engine.notes()) if engine else ()
     return result.devices, tuple(problems) + result.problems + notes, engine
 

@@ -100,6 +100,11 @@ class ModelInfo:
     # Bytes of 2-D weights other than token_embd, per ggml type name ("Q4_K"): the planner needs them
     # because llama.cpp's CPU backend keeps a second, repacked copy of some types (CPU_REPACK).
     matmul_bytes_by_type: tuple[tuple[str, int], ...] = ()
+    # Every tensor's place, for what the host holds when the CPU backend moves some weights into its own
+    # buffer types (bostudio.planner.memory.amx_host_weights): (slot, part, start, end, type, ne0, ne1), slot =
+    # the block index, TOKEN_EMBD_SLOT, n_block for output.* or n_block + 1 for the rest; start/end: the
+    # tensor's data in its split part.
+    tensor_places: tuple[tuple[int, int, int, int, str, int, int], ...] = field(default=(), repr=False)
     chat_template: str | None = field(default=None, repr=False)  # raw text: never render it; escape to show
     # Why llama.cpp cannot load this drafter as it is ('' when it can): e.g. a fork-only DFlash layout.
     drafter_format_problem: str = ""
@@ -219,6 +224,20 @@ def _sizes(header: Header, n_block: int) -> tuple[tuple[int, ...], int, int, int
         else:
             other += t.n_bytes
     return tuple(layers), embd, output, other, total, params
+
+
+TOKEN_EMBD_SLOT = -1
+
+
+def _tensor_places(header: Header, n_block: int) -> tuple[tuple[int, int, int, int, str, int, int], ...]:
+    out = []
+    for t in header.tensors:
+        m = _BLK.match(t.name)
+        slot = (int(m.group(1)) if m else TOKEN_EMBD_SLOT if t.name.startswith("token_embd.")
+                else n_block if t.name.startswith("output.") else n_block + 1)
+        ne1 = t.shape[1] if len(t.shape) == 2 else 0  # a 2-D weight: a matmul's; 0 for the rest
+        out.append((slot, t.part, t.offset, t.offset + t.n_bytes, t.type_name, t.shape[0] if t.shape else 0, ne1))
+    return tuple(out)
 
 
 def _matmul_bytes_by_type(header: Header) -> tuple[tuple[str, int], ...]:
@@ -418,7 +437,7 @@ def describe_header(header: Header) -> ModelInfo:
         n_params=params, file_type=file_type, quant=_quant(header, file_type),
         file_size=header.file_size, tensor_bytes=total, layer_bytes=layer_bytes,
         token_embd_bytes=embd, output_bytes=output, other_bytes=other,
-        matmul_bytes_by_type=_matmul_bytes_by_type(header),
+        matmul_bytes_by_type=_matmul_bytes_by_type(header), tensor_places=_tensor_places(header, n_block),
         n_block=n_block, n_layer=n_layer, n_nextn=n_nextn, n_embd=n_embd, n_ff=n_ff,
         n_head=n_head, n_head_kv=n_head_kv, head_dim_k=head_k, head_dim_v=head_v,
         head_dim_k_swa=_uint(header, k + "attention.key_length_swa", head_k),

@@ -58,6 +58,8 @@ class Device:
     # The largest weight the backend takes on the device (ggml-vulkan: maxStorageBufferRange, 128 MiB on
     # lavapipe): a larger one, such as a big vocabulary's output projection, stays on the host. None: unknown.
     max_tensor_bytes: int | None = None
+    # The host only: the engine's CPU backend repacks weights into ggml's AMX buffer type (Engine.amx).
+    cpu_amx: bool = False
 
     @property
     def remote(self) -> bool:

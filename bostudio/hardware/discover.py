@@ -30,10 +30,11 @@ def discover_devices(*, nvml: ModuleType | None = None, amdsmi: ModuleType | Non
                      ps: ModuleType | None = None, root: Path = Path("/"), run: Runner = run_tool,
                      system: str | None = None,
                      engine_devices: Iterable[EngineDevice] | None = None,
-                     budgets: dict[str, int] | None = None) -> ProbeResult:
+                     budgets: dict[str, int] | None = None, host_amx: bool = False) -> ProbeResult:
     """Every device on this machine: GPUs per vendor, then host RAM, cross-checked with the
     devices the engine lists (`Engine.devices`, from `llama-server --list-devices`) when given.
-    `budgets` caps devices by label (default: config.toml's [devices.LABEL] budget_mib).
+    `budgets` caps devices by label (default: config.toml's [devices.LABEL] budget_mib). `host_amx`: the
+    engine's CPU backend has the AMX buffer type (Engine.amx); the host device carries it to the planner.
     Each argument is a seam the tests fill with recorded output; the defaults read the real machine."""
     system = system or platform.system()
     probes: list[tuple[str, Callable[[], ProbeResult]]] = [("nvidia", lambda: probe_nvidia(nvml))]
@@ -53,4 +54,6 @@ def discover_devices(*, nvml: ModuleType | None = None, amdsmi: ModuleType | Non
         limited, notes = with_storage_limits(checked.devices, run)
         result = ProbeResult(limited, result.problems + checked.problems + notes)
     capped, notes = apply_budgets(result.devices, device_budgets() if budgets is None else budgets)
+    if host_amx:
+        capped = tuple(d.with_(cpu_amx=True) if not d.is_gpu else d for d in capped)
     return ProbeResult(capped, result.problems + notes)

@@ -35,7 +35,7 @@ def gather(info: ModelInfo, engine: Engine, intent: LaunchIntent = LaunchIntent(
     caps = model_caps(info.path) if info.path.is_file() else None
     generates = caps is None or caps.kind == "chat"
     request = parse_spec("off" if not generates else "auto" if intent.spec == "on" else intent.spec)
-    base = discover_devices(engine_devices=engine.devices).devices if devices is None else devices
+    base = discover_devices(engine_devices=engine.devices, host_amx=engine.amx).devices if devices is None else devices
     all_devices = tuple(base) + tuple(pool.devices)
     if speculator is None:
         speculator = _choose(info, request, engine, intent, all_devices, workload, pull, ask, log, make_self_draft)

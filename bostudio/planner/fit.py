@@ -12,7 +12,8 @@ from bostudio.errors import PlanError
 from bostudio.hardware.device import Device
 from bostudio.planner.memory import (GIB, MIB, ContextSettings, attention_layers, compute_buffer_bytes,
                                      host_inputs_bytes, logits_buffer_bytes,
-                                     cpu_repack_bytes, host_weight_bytes, kv_cache_bytes, max_gpu_layers,
+                                     amx_host_weights, cpu_repack_bytes, host_weight_bytes, kv_cache_bytes,
+                                     max_gpu_layers,
                                      output_buffer_bytes, output_growth_bytes, platform_overhead,
                                      recurrent_layer_count, recurrent_state_bytes, weight_split)
 from bostudio.planner.threads import ThreadPlan, plan_threads
@@ -506,9 +507,32 @@ def memory_uses(model: "ModelInfo", devices: Iterable[Device], intent: Intent, s
         uses.append(Use(host, "MTP output buffer", output_buffer_bytes(model, ms)))
     elif spec.kind == "ngram":
         uses.append(Use(host, "n-gram table", NGRAM_MOD_BYTES))
+    host_dev = next((d for d in devs if not d.is_gpu), None)
+    if host_dev is not None and host_dev.cpu_amx:
+        uses = _on_amx_host(uses, host, model, n_gpu_layers, mtp, output_on_host,
+                            spec.draft if spec.kind == "draft" and ngld == 0 else None)
     used = {u.device for u in uses if u.bytes}
     uses += [Use(g.label, "platform overhead", platform_overhead(g.backend)) for g in gpus if g.label in used]
     return [u for u in uses if u.bytes], ngld
+
+
+def _on_amx_host(uses: list[Use], host: str, model: "ModelInfo", n_gpu_layers: int, mtp: bool,
+                 output_on_host: bool, draft_on_host: "ModelInfo | None") -> list[Use]:
+    """The host's weights when the engine's CPU backend has the AMX buffer type (Device.cpu_amx): the mapped
+    range, the AMX copies and what CPU_REPACK still takes, from the tensor tables (amx_host_weights), in place
+    of the per-layer sums; the target's and, when it runs on the host, the draft's."""
+    figures = {}
+    if model.tensor_places:
+        mapped, amx, repack = amx_host_weights(model, n_gpu_layers, load_nextn=mtp, output_on_host=output_on_host)
+        figures.update({"weights": mapped, "weights (CPU repack)": repack, "weights (CPU AMX)": amx})
+    if draft_on_host is not None and draft_on_host.tensor_places:
+        mapped, amx, repack = amx_host_weights(draft_on_host, 0)
+        figures.update({"draft weights": mapped, "draft weights (CPU repack)": repack,
+                        "draft weights (CPU AMX)": amx})
+    out = [replace(u, bytes=figures[u.component]) if u.device == host and u.component in figures else u
+           for u in uses]
+    out += [Use(host, c, figures[c]) for c in ("weights (CPU AMX)", "draft weights (CPU AMX)") if c in figures]
+    return out
 
 
 def _last_layer_device(model: "ModelInfo", devs: list[Device], intent: Intent, n_gpu_layers: int) -> str | None:

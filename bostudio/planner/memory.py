@@ -414,6 +414,69 @@ def platform_overhead(backend: str) -> int:
 CPU_REPACK_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"})
 
 
+# ggml-cpu/amx: a CPU backend built with AMX-INT8 (-march=native on Sapphire Rapids and later) keeps the 2-D
+# weights of these types that a matmul reads in its AMX buffer type, repacked (mmq.cpp get_row_size), when
+# out features % 32 == 0 and in features % the alignment below == 0 (amx.cpp supports_op). Its buffer type
+# comes before CPU_REPACK's (ggml-cpu.cpp ggml_backend_cpu_get_extra_buffer_types).
+AMX_ALIGN = {"Q4_0": 32, "Q4_1": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "IQ4_XS": 256, "F16": 16}
+_AMX_BLOCK = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q5_K": (256, 176),
+              "Q6_K": (256, 210), "IQ4_XS": (256, 136)}
+# Per block, what the packed layout adds: Q8_0's int32 compensation, the K-quants' unpacked scales.
+_AMX_EXTRA = {"Q8_0": 4, "Q4_K": 4, "Q5_K": 4, "IQ4_XS": 2}
+
+
+def amx_bytes(type_name: str, ne0: int, ne1: int) -> int:
+    """Bytes of one 2-D weight (ne0 in features, ne1 out features) in the AMX buffer; 0 when it stays out."""
+    align = AMX_ALIGN.get(type_name)
+    if align is None or ne1 <= 0 or ne1 % 32 or ne0 % align:
+        return 0
+    if type_name == "F16":
+        return ne0 * ne1 * 2
+    block, size = _AMX_BLOCK[type_name]
+    kb = ne0 // block
+    return ne1 * kb * (size + _AMX_EXTRA.get(type_name, 0))
+
+
+def amx_host_weights(m: "ModelInfo", n_gpu_layers: int, load_nextn: bool = False,
+                     output_on_host: bool = False) -> tuple[int, int, int]:
+    """(mapped, amx, repack) host bytes of a model's weights when the engine's CPU backend has the AMX buffer
+    type, from the tensor table: every host weight a matmul reads that AMX takes is copied into the AMX buffer;
+    the file stays mapped from the first to the last byte of the host tensors left to it, per split part
+    (llama-model.cpp maps one range per file); the other CPU_REPACK types are copied as without AMX. A tied
+    output on the host is a matmul weight of its own (the embedding's duplicate), so AMX holds a copy of it
+    while the embedding stays mapped for its row lookups. Measured on this engine: Gemma 3 270M on the CPU,
+    AMX 213.9 MiB + mapped 235.2 MiB; the Qwen2.5-Coder 0.5B, 225.5 + 325.0 MiB (its output projection leads
+    the file, so the mapped range starts after it)."""
+    n_all = m.n_block
+    ngl = max(0, min(n_gpu_layers, n_all + 1))
+    start = n_all + 1 - ngl
+    out_host = ngl == 0 or output_on_host
+    ranges: dict[int, list[int]] = {}
+    amx = repack = 0
+    for slot, part, lo, hi, type_name, ne0, ne1 in m.tensor_places:
+        if 0 <= slot < n_all:
+            if (slot >= m.n_layer and not load_nextn) or slot >= start:
+                continue
+        elif slot == n_all:
+            if not out_host:
+                continue
+        elif slot > n_all and ngl >= 1:  # norms and the rest: with the output layer's slot
+            continue
+        moved = amx_bytes(type_name, ne0, ne1) if slot != -1 else 0
+        if moved:
+            amx += moved
+            continue
+        if slot != -1 and ne1 and type_name in CPU_REPACK_TYPES and ne1 % 8 == 0:
+            repack += hi - lo
+        r = ranges.setdefault(part, [lo, hi])
+        r[0], r[1] = min(r[0], lo), max(r[1], hi)
+    if out_host and not m.output_bytes:  # tied: the output projection is the embedding's duplicate
+        embd = next((p for p in m.tensor_places if p[0] == -1 and p[6]), None)
+        if embd is not None:
+            amx += amx_bytes(embd[4], embd[5], embd[6])
+    return sum(hi - lo for lo, hi in ranges.values()), amx, repack
+
+
 def cpu_repack_bytes(m: "ModelInfo", host_fraction: float = 1.0) -> int:
     """Extra host bytes for repacked weights, for the share of matmul weights left on the CPU."""
     total = sum(b for t, b in m.matmul_bytes_by_type if t in CPU_REPACK_TYPES)

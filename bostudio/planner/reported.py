@@ -103,11 +103,11 @@ def device_of_buffer(name: str, labels: dict[str, str] | None = None) -> str:
     device's index on its own server and the server ("RPC0[127.0.0.1:50052]", ggml-rpc.cpp), not
     by the RPCn name llama-server gives the device: `labels` maps the one to the other
     (bostudio.rpc.probe.buffer_labels). "CPU_Mapped"/"CPU_REPACK"/"CPU" are the host, and so is a GPU
-    backend's pinned host memory ("Vulkan_Host", "CUDA_Host")."""
+    backend's pinned host memory ("Vulkan_Host", "CUDA_Host"), and the CPU backend's AMX buffer ("AMX")."""
     if labels and name in labels:
         return labels[name]
     base = name.split("[", 1)[0]
-    return "CPU" if base.startswith("CPU") or base.endswith("_Host") else base
+    return "CPU" if base.startswith("CPU") or base.endswith("_Host") or base == "AMX" else base
 
 
 def device_buffers(log: str, labels: dict[str, str] | None = None) -> dict[str, dict[str, int]]:
@@ -118,7 +118,8 @@ def device_buffers(log: str, labels: dict[str, str] | None = None) -> dict[str, 
     out: dict[str, dict[str, int]] = {}
     if rep.models:
         for buf, n in rep.models[0].items():
-            key = "weights (CPU repack)" if buf.startswith("CPU_REPACK") else "weights"
+            key = ("weights (CPU repack)" if buf.startswith("CPU_REPACK") else
+                   "weights (CPU AMX)" if buf == "AMX" else "weights")
             dev = out.setdefault(device_of_buffer(buf, labels), {})
             dev[key] = dev.get(key, 0) + n
     contexts = 0

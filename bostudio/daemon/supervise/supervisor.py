@@ -127,7 +127,7 @@ class Supervisor:
             for device, n in i.device_bytes().items():
                 freed[device] = freed.get(device, 0) + n
         out = []
-        for d in discover_devices(engine_devices=engine.devices).devices:
+        for d in discover_devices(engine_devices=engine.devices, host_amx=engine.amx).devices:
             free = None if d.free_bytes is None else min(d.total_bytes, d.free_bytes + freed.get(d.label, 0))
             if d.is_gpu:
                 out.append(d.with_(free_bytes=free))
@@ -412,7 +412,7 @@ class Supervisor:
         free memory as the engine listed it, or its cap from config.toml) for lifecycle.device_evictions.
         Blocking (device probes): call it off the event loop."""
         capacity = {d.label: min(d.usable_bytes, d.budget_bytes if d.budget_bytes is not None else d.usable_bytes)
-                    for d in discover_devices(engine_devices=self.engine.devices).devices if d.is_gpu and not d.remote}
+                    for d in discover_devices(engine_devices=self.engine.devices, host_amx=self.engine.amx).devices if d.is_gpu and not d.remote}
         on_device = {i.name: i.device_bytes() for i in self.instances.values()
                      if i is not inst and i.state in RESIDENT_STATES}
         return on_device, inst.device_bytes(), capacity
