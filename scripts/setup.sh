@@ -16,8 +16,8 @@ need=()
 command -v cmake >/dev/null || need+=(cmake)
 command -v c++ >/dev/null || need+=(g++)
 command -v ninja >/dev/null || need+=(ninja-build)
-# The Vulkan engine (BOSTUDIO_BACKEND=vulkan, or the Vulkan test tier: BOSTUDIO_TEST_VULKAN=1, which
-# scripts/test.sh sets): headers, loader, shader compiler and Mesa's drivers, whose lavapipe is a Vulkan
+# The Vulkan engine (BOSTUDIO_BACKEND=vulkan, or the Vulkan test tier: BOSTUDIO_TEST_VULKAN other than 0,
+# scripts/test.sh's default): headers, loader, shader compiler and Mesa's drivers, whose lavapipe is a Vulkan
 # device even without a GPU (bostudio.engine.build.VULKAN_DEBIAN_PACKAGES names the same packages).
 want_vulkan=""
 vk_need=()
@@ -27,25 +27,34 @@ if [ "${BOSTUDIO_BACKEND:-}" = vulkan ] || [ "${BOSTUDIO_TEST_VULKAN:-0}" != 0 ]
   [ -f /usr/include/vulkan/vulkan.h ] || vk_need+=(libvulkan-dev)
   [ -d /usr/include/spirv ] || vk_need+=(spirv-headers)
   ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || vk_need+=(mesa-vulkan-drivers)
+  command -v vulkaninfo >/dev/null || vk_need+=(vulkan-tools)  # a device's largest buffer, for the plan
 fi
-if [ ${#vk_need[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    need+=("${vk_need[@]}")
-  elif [ "${BOSTUDIO_BACKEND:-}" = vulkan ]; then
+can_apt=""
+[ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && can_apt=1
+if [ ${#vk_need[@]} -gt 0 ] && [ -z "$can_apt" ]; then
+  if [ "${BOSTUDIO_BACKEND:-}" = vulkan ]; then
     say "the Vulkan engine needs ${vk_need[*]} - install them (e.g. apt install ${vk_need[*]}) and run again"
     exit 1
-  else
-    say "no Vulkan stack (${vk_need[*]} missing, not root): the Vulkan test tier is skipped"
-    want_vulkan=""
   fi
+  say "no Vulkan stack (${vk_need[*]} missing, not root): the Vulkan test tier is skipped"
+  want_vulkan=""
+  vk_need=()
 fi
 if [ ${#need[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  if [ -n "$can_apt" ]; then
     say "installing ${need[*]} with apt-get"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
   elif [[ " ${need[*]} " != " ninja-build " ]]; then
     say "missing build tools: ${need[*]} - install them (e.g. apt install cmake g++) and run again"
     exit 1
+  fi
+fi
+if [ ${#vk_need[@]} -gt 0 ]; then
+  say "installing ${vk_need[*]} with apt-get (the Vulkan engine)"
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${vk_need[@]}" >/dev/null; }; then
+    [ "${BOSTUDIO_BACKEND:-}" = vulkan ] && { say "apt-get could not install ${vk_need[*]}"; exit 1; }
+    say "apt-get could not install ${vk_need[*]}: the Vulkan test tier is skipped"
+    want_vulkan=""
   fi
 fi
 
@@ -73,6 +82,8 @@ fi
 BOSTUDIO="$VENV/bin/bostudio"
 "$BOSTUDIO" engine build --backend "${BOSTUDIO_BACKEND:-auto}" >/dev/null
 if [ -n "$want_vulkan" ] && [ "${BOSTUDIO_BACKEND:-}" != vulkan ]; then
-  "$BOSTUDIO" engine build --backend vulkan >/dev/null  # beside the CPU engine: the Vulkan test tier's
+  # beside the CPU engine, for the Vulkan test tier; if it fails, the tier fails and says so, the rest runs
+  "$BOSTUDIO" engine build --backend vulkan >/dev/null \
+    || say "the Vulkan engine did not build (its log is named above): the Vulkan test tier will fail"
 fi
 "$BOSTUDIO" default-model >/dev/null  # both files; progress on stderr
