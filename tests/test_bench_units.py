@@ -244,6 +244,21 @@ def test_an_interval_above_off_is_not_refused_for_the_noise_floor() -> None:
     assert choose_config([low]).chosen is None
 
 
+def test_a_configuration_that_never_lost_and_clearly_won_is_chosen_on_few_prompts() -> None:
+    # the 1.5B's edit tune: ngram-map-k4v at 1.00x on the prompt with nothing to copy and 1.66x, 1.79x on the
+    # others; the range reached 1.00, so it was off, and auto ran off where n-gram ran 1.66x
+    edit = tally("ngram-map-k4v", [(40.0, 40), (66.4, 40), (71.6, 40)])
+    c = choose_config([edit])
+    assert c.chosen is edit and c.verdicts[0].chosen and "1.66x of off" in c.why
+    assert choose_config([tally("a", [(38.0, 40), (66.4, 40), (71.6, 40)])]).chosen is None  # one pair 5% slower
+    assert choose_config([tally("a", [(40.0, 40), (66.4, 40)])]).chosen is None  # two pairs: too few for it
+    # a median inside twice the floor is not a clear win: the interval rule decides, and 1.00x is not above off
+    small = choose_config([tally("a", [(40.0, 40), (42.0, 40), (42.4, 40)])])
+    assert small.chosen is None and "not beyond the measured spread" in small.why
+    # nothing accepted stays off, however fast
+    assert choose_config([tally("a", [(40.0, 40), (66.4, 40), (71.6, 40)], accepted=0)]).chosen is None
+
+
 def test_every_measured_configuration_gets_a_verdict_and_what_it_lost() -> None:
     fast = tally("fast", [(48, 40)] * 6)  # 1.20x
     slower = tally("slower", [(44, 40)] * 6)  # 1.10x, a finalist with less gain
