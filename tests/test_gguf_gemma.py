@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from bostudio.gguf import describe, read_header
+from bostudio.gguf import ModelInfo, describe, read_header
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +54,12 @@ def test_gemma_sizes(gemma_info) -> None:
     header = read_header(m.path)
     assert header.data_offsets == (6_525_120,)
     assert m.tokenizer.token_texts(1000, 1003) == ["put", "▁di", "erm"]
+
+
+def test_the_catalog_cache_round_trip_gives_the_same_description(gemma_info) -> None:
+    """What the catalog index stores (to_json through JSON) rebuilds an equal ModelInfo: the nested tables too
+    (tensor_places, matmul_bytes_by_type), which JSON turns into lists of lists."""
+    again = ModelInfo.from_json(json.loads(json.dumps(gemma_info.to_json())))
+    assert again.tensor_places == gemma_info.tensor_places and again.tensor_places
+    assert again.matmul_bytes_by_type == gemma_info.matmul_bytes_by_type and again.matmul_bytes_by_type
+    assert again == replace(gemma_info, chat_template=None, tokenizer=again.tokenizer)

@@ -155,7 +155,12 @@ class ModelInfo:
         d["parts"] = tuple(Path(p) for p in d["parts"])
         d["rope"] = RopeInfo(**d["rope"])
         d["tokenizer"] = TokenizerInfo(**d["tokenizer"])
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})  # type: ignore[arg-type]
+        return cls(**{k: _tuples(v) for k, v in d.items()})  # type: ignore[arg-type]
+
+
+def _tuples(v: object) -> object:
+    """JSON's lists back into the tuples ModelInfo holds, nested ones too (tensor_places, matmul_bytes_by_type)."""
+    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
 
 
 def _fail(header: Header, what: str) -> GGUFFormatError:
