@@ -90,9 +90,22 @@ def qwen_pair(qwen_gguf: Path) -> tuple[Path, Path]:
     return qwen_gguf, ensure_embedded(QWEN_CODER_0_5B, log=lambda m: print(m, file=sys.stderr))
 
 
-# The full-precision type the lossless tests run on: F16 is as exact as F32 on x86 (up to real ties) and
-# decodes 1.4-1.7x faster (tests/test_lossless.py has the measurements).
-FULL_PRECISION = "F16"
+def full_precision_type(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The full-precision type the lossless tests run on. F16 is as exact as F32 where ggml's F16 kernels compute
+    in F32 (x86 without AVX512-FP16: up to real ties) and decodes 1.4-1.7x faster (tests/test_lossless.py has
+    the measurements). Where the CPU has half-precision vector arithmetic, the native build's F16 kernels use
+    it (ggml-cpu/simd-mappings.h: GGML_F16x32 with _mm512_fmadd_ph under __AVX512FP16__; ARM's FP16 vectors),
+    and F16 then departs beyond real ties: on a Xeon with avx512_fp16, draft-simple on the Dijkstra prompt
+    took the other of two candidates 0.0117 nats apart. There: F32."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return "F16"
+    flags = {f for ln in text.splitlines() if ln.startswith(("flags", "Features")) for f in ln.split(":", 1)[1].split()}
+    return "F32" if flags & {"avx512_fp16", "asimdhp"} else "F16"
+
+
+FULL_PRECISION = full_precision_type()
 
 
 @pytest.fixture(scope="session")
