@@ -219,9 +219,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                    "draft n_max 1-8 and p_min, MTP n_max, n-gram + draft) by successive halving "
                                    "(each round one prompt per task of the workload, doubling; whole rounds only) "
                                    "within --budget-s, each candidate paired with off on the same prompts. Picks "
-                                   "the best measured tok/s; chooses off when nothing beats off beyond the "
-                                   "measured spread (the 90% interval of its median paired speed-up must lie "
-                                   "above 1). Saves a profile per (model file, engine commit + backend, "
+                                   "the best measured gain for its risk; chooses off when nothing beats off "
+                                   "beyond the measured spread (the 90% interval of its median paired speed-up "
+                                   "must lie above 1) and nothing won clearly (3+ pairs, none slower than off "
+                                   "beyond the 3% floor, the median beyond twice it). Saves a profile per "
+                                   "(model file, engine commit + backend, "
                                    "workload) under $XDG_STATE_HOME/bostudio/profiles that `up --workload W` and "
                                    "the daemon use; a profile older than the engine build or the model is ignored.")
     p.add_argument("--workload", action="append", default=None, metavar="W",
