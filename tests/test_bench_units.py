@@ -168,6 +168,8 @@ def test_halving_keeps_the_better_half_by_median_tok_s() -> None:
     (3, [2.0, 2.0], 40.0, 9),      # what fits: whole sets of the 3 tasks (10 prompts fit: 9)
     (3, [2.0, 2.0], 11.0, 0),      # not one set: stop, never halfway through a round
     (2, [0.0], 5.0, 6),
+    (4, [20.0], -2.0, 0),          # the budget already overrun: nothing, not a round of -1 prompts
+    (4, [20.0, 20.0], -50.0, 0),
 ])
 def test_round_prompts_weighs_every_task_and_stays_in_the_budget(round_no, costs, left, expected) -> None:
     assert round_prompts(round_no, 3, costs, left) == expected

@@ -160,7 +160,10 @@ def round_prompts(round_no: int, n_tasks: int, pair_costs: Sequence[float] | Non
     if per_prompt <= 0:
         return want
     fits = int(left_s // per_prompt)
-    return min(want, fits - fits % n_tasks)
+    # an overrun budget leaves nothing: a negative count ran a round of no prompts, whose cost per prompt then
+    # came out negative, and the next round ran all its prompts (the 1.5B's edit tune: 16 prompt pairs past
+    # a 900 s budget)
+    return max(0, min(want, fits - fits % n_tasks))
 
 
 def round_one_admits(costs: Sequence[float], next_cost: float, per_round: int, elapsed_s: float,
