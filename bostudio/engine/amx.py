@@ -63,13 +63,18 @@ def cpu_reports_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     return "amx_tile" in flags and "amx_int8" in flags
 
 
+def _compiler(env: dict[str, str]) -> str:
+    """The C++ compiler CMake would take: $CXX, else c++ on PATH."""
+    return env.get("CXX") or shutil.which("c++", path=env.get("PATH")) or "c++"
+
+
 def amx_problem(env: dict[str, str] | None = None, timeout: float = 60.0) -> str:
     """Why ggml's AMX kernels would not run from a native build here ('' when they would, or when the CPU
     has no AMX and a native build leaves them out anyway)."""
     env = dict(os.environ if env is None else env)
     if not cpu_reports_amx():
         return ""
-    cxx = env.get("CXX") or shutil.which("c++", path=env.get("PATH")) or "c++"
+    cxx = _compiler(env)
     with tempfile.TemporaryDirectory(prefix="bostudio-amx-") as tmp:
         src, exe = Path(tmp, "probe.cpp"), Path(tmp, "probe")
         src.write_text(PROBE_SOURCE)
@@ -94,7 +99,7 @@ def cached_amx_problem(cache: Path) -> str:
     discovery, which asks it of every AMX engine that bostudio built, compiles the probe once per machine."""
     if not cpu_reports_amx():
         return ""
-    cxx = os.environ.get("CXX") or shutil.which("c++") or "c++"
+    cxx = _compiler(dict(os.environ))
     try:
         st = Path(cxx).stat()
         cpu = next((ln for ln in Path("/proc/cpuinfo").read_text(errors="replace").splitlines()

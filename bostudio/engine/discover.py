@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bostudio import paths
-from bostudio.engine.amx import AMX_PROBE_CACHE, cached_amx_problem
+from bostudio.engine.amx import AMX_PROBE_CACHE, cached_amx_problem, cpu_reports_amx
 from bostudio.engine.build import RPC_SERVER, built_engines, is_current_default
 from bostudio.errors import EngineError
 from bostudio.hardware.device import EngineDevice
@@ -221,7 +221,8 @@ def probe_engine(path: Path, source: str) -> Engine:
     problem = None
     if "--spec-type" not in flags:
         problem = "this llama-server has no --spec-type (too old for bostudio's speculative settings)"
-    amx = has_amx(path.parent)
+    # the AMX buffer type is used only where the CPU has AMX (ggml_amx_init): elsewhere the libraries are not read
+    amx = cpu_reports_amx() and has_amx(path.parent)
     if amx and source.startswith("built") and (why := cached_amx_problem(paths.engines_dir() / AMX_PROBE_CACHE)):
         # built here with AMX kernels that die here (bostudio.engine.amx): its first decode would be a SIGILL
         problem = f"its AMX kernels would crash on this machine ({why}); run `bostudio engine build`, " \
