@@ -60,7 +60,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         description="Build llama-server, llama-quantize, llama-fit-params and ggml-rpc-server (RPC backend) from the "
                                     "llama.cpp source vendored in the pinned llama-cpp-python sdist. "
                                     "Cached under the XDG cache dir by commit, backend and flags: a "
-                                    "second run returns at once.")
+                                    "second run returns at once. On a CPU with AMX it first checks that the "
+                                    "compiler builds ggml's AMX kernels correctly, and leaves them out where "
+                                    "it does not (docs/engine.md).")
     b.add_argument("--backend", choices=("auto", *BACKENDS), default="cpu",
                    help="GPU/CPU backend (default cpu; auto = the backend of this machine's GPU "
                         "when its toolkit is installed)")
