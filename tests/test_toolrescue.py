@@ -19,6 +19,7 @@ WRITE = {"type": "object", "properties": {"file_path": {"type": "string"}, "cont
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = {"Write": WRITE, "get_weather": WEATHER}
 CALL = '{"name": "Write", "arguments": {"file_path": "hello.py", "content": "print(\'hello\')\\n"}}'
+WEATHER_CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -31,6 +32,18 @@ CALL = '{"name": "Write", "arguments": {"file_path": "hello.py", "content": "pri
     (f"<tools>\n{CALL}\n</tools>", "Write"),
     ('```json\n{"name": "get_weather", "parameters": {"city": "Paris"}}\n```', "get_weather"),
     ('{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}', "get_weather"),
+    # written on Codex's prompt by Qwen2.5-Coder-1.5B: its plan as several blocks (the first is the call),
+    # XML-ish forms, an invalid \' escape (read as ')
+    (f"<tools>\n{CALL}\n</tools>\n<tools>\n{WEATHER_CALL}\n</tools>", "Write"),
+    (f"{CALL}\n{WEATHER_CALL}", "Write"),
+    (f"```json\n{CALL}\n```\n\n```json\n{WEATHER_CALL}\n```", "Write"),
+    (f"{CALL}\n{{\"name\": \"get_weather\", \"arguments\": {{\"town\": 1}}}}", "Write"),  # dropped, not sent
+    ("<function name=\"get_weather\" arguments='{\"city\": \"Paris\"}'>", "get_weather"),
+    ("<function name=\"get_weather\" arguments='{\"city\": \"it's\"}'/>\n"
+     "<function name=\"get_weather\" arguments='{\"city\": \"Rome\"}'></function>", "get_weather"),
+    ("<tools>\n  <function>\n    <name>get_weather</name>\n    <arguments>\n      {\"city\": \"Paris\"}\n"
+     "    </arguments>\n  </function>\n</tools>", "get_weather"),
+    ('{"name": "get_weather", "arguments": {"city": "python3 -c \'print(\\\'hi\\\')\'"}}', "get_weather"),
     # not a call: prose around it, another tool, schema failures, extra keys, not JSON, several objects
     (f"Here is the call:\n```json\n{CALL}\n```", None),
     (f"```json\n{CALL}\n```\nDone.", None),
@@ -41,8 +54,15 @@ CALL = '{"name": "Write", "arguments": {"file_path": "hello.py", "content": "pri
     ('```json\n{"name": "get_weather", "arguments": {"city": "Paris"}, "id": 1}\n```', None),
     ('```json\n{"name": "get_weather", "arguments": ["Paris"]}\n```', None),
     ('```python\nprint("hello")\n```', None),
-    ('```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n{"name": "get_weather"}\n```', None),
+    ('```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n{"title": "get_weather"}\n```', None),
     ('{"city": "Paris"}', None),
+    # a plan whose first step fails its schema, or with a step the request has no tool for; a form left open
+    (f"{{\"name\": \"get_weather\", \"arguments\": {{}}}}\n{CALL}", None),
+    (f"```json\n{CALL}\n```\nThen I ran it.", None),
+    (f"<tools>{CALL}</tools><tools>{{\"name\": \"Bash\", \"arguments\": {{}}}}</tools>", None),
+    ("<function name=\"get_weather\" arguments='{\"city\": \"Paris\"}\"/>", None),
+    ("<function name=\"get_weather\" arguments='{\"city\": \"Paris\"'>", None),
+    ("<function name=\"get_weather\" arguments='{\"city\": \"Paris\"}'> and then I ran it", None),
     # tags that do not pair, a tag left open, the tool list echoed back (a definition, not a call)
     (f"<tools>\n{CALL}\n</tool_call>", None),
     (f"<tools>\n{CALL}", None),
@@ -73,8 +93,9 @@ def test_request_tools_per_dialect_and_tool_choice_none() -> None:
 
 @pytest.mark.parametrize("text, could", [("", True), ("  \n", True), ("`", True), ("``", True), ("```js", True),
                                          ("{", True), ("<tool", True), ("<tool_call>{", True), ("<tools>", True),
-                                         ("<tools>\n{", True), ("<toolbox>", False), ("Hello", False),
-                                         ("<div>", False), ("I'll", False)])
+                                         ("<tools>\n{", True), ("<function name=", True), ("<func", True),
+                                         ("<function>", True), ("<toolbox>", False), ("<functional>", False),
+                                         ("Hello", False), ("<div>", False), ("I'll", False)])
 def test_which_beginnings_are_held(text: str, could: bool) -> None:
     assert could_be_call(text) is could
 

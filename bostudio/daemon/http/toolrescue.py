@@ -5,16 +5,21 @@ and nothing happens (Qwen2.5-Coder-1.5B did so on Claude Code's prompt and on a 
 
 The rule is narrow on purpose. A response becomes a tool call only when ALL of it:
 - is the whole text of the answer (nothing before or after but white space), with no real call beside it;
-- is one JSON object, bare or in one ``` fence (any language tag), optionally wrapped in <tool_call> tags or
-  in <tools> tags (Qwen2.5-Coder-1.5B wrote its call so, echoing the tag its template lists the tools in);
-- names one of the request's own tools (`name`), and carries its arguments as an object (`arguments`,
-  `parameters` or `input`; a JSON string holding an object counts) and no other key;
-- and those arguments validate against that tool's JSON schema.
-Text that fails any of these passes through unchanged: never a call that fails the schema. A request with
-`tool_choice: none` (or no tools) is never touched.
+- is one or more call blocks, bare or in one ``` fence (any language tag). A block is a JSON object, or
+  <tool_call> or <tools> tags around blocks (Qwen2.5-Coder-1.5B echoes the tag its template lists the tools
+  in), or one of the two XML-ish forms the same model wrote on Codex's prompt:
+  `<function name="N" arguments='{...}'>` and `<function><name>N</name><arguments>{...}</arguments></function>`;
+- each block names one of the request's own tools (`name`), with its arguments as an object (`arguments`,
+  `parameters` or `input`; a JSON string holding an object counts) and no other key; an invalid `\'` escape in
+  the JSON is read as the quote it stands for (the only reading it has);
+- and the first block's arguments validate against that tool's JSON schema.
+Of several blocks (each fenced, tagged or bare) the first becomes the call: the model wrote out its plan,
+and it writes the next step again once it has read the first one's result. The later ones are dropped, not
+sent, so they need only be calls to the request's own tools. Text that fails any of these passes through unchanged: never a call that
+fails the schema. A request with `tool_choice: none` (or no tools) is never touched.
 
 For a streamed answer, text deltas are held only while the answer so far could still be such a block (it
-is empty or starts with "`", "{", "<tool_call>" or "<tools>"); the first other character releases them and the rest
+is empty or starts with "`", "{", "<tool_call>", "<tools>" or "<function"); the first other character releases them and the rest
 streams through untouched. A held answer is decided at its end. Pure: bytes in, bytes out, per API
 dialect (OpenAI chat, Anthropic messages, OpenAI Responses), streamed (SSE) or whole (JSON).
 """
@@ -31,10 +36,18 @@ from typing import Any
 import jsonschema
 import referencing.exceptions
 
-FENCE = re.compile(r"\A```[\w+-]*[ \t]*\n(.*?)\n?[ \t]*```\Z", re.S)
-TAGS = ("<tool_call>", "<tools>")
-TOOL_CALL_TAGS = re.compile(r"\A<(tool_call|tools)>\s*(.*?)\s*</\1>\Z", re.S)
+TAGS = ("<tool_call>", "<tools>", "<function ", "<function>")
+FENCED_BLOCK = re.compile(r"```[\w+-]*[ \t]*\n(.*?)\n?[ \t]*```", re.S)
+WRAPPER = re.compile(r"<(tool_call|tools)>")
+# <function name="N" arguments='{...}'> : the JSON is read by a JSON decoder, so quotes inside it are no end
+FUNCTION_ATTR = re.compile(r"""<function\s+name\s*=\s*["']([\w.-]+)["']\s+arguments\s*=\s*(["'])""")
+FUNCTION_ATTR_END = re.compile(r"""(["'])\s*(?:/>|>\s*</function>|>)""")
+FUNCTION_ELEM = re.compile(r"<function>\s*<name>\s*([\w.-]+)\s*</name>\s*<arguments>(.*?)</arguments>\s*</function>",
+                           re.S)
 ARG_KEYS = ("arguments", "parameters", "input")
+# `\'` is not a JSON escape, but a small model writes it for a quote inside a shell command
+# (Qwen2.5-Coder-1.5B on Codex: "cmd": "python3 -c 'print(\'hello\')'"); its only reading is `'`.
+BAD_QUOTE_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\'")
 MAX_HELD = 1 << 20  # bytes of held text; past this the answer streams on as text
 
 
@@ -64,45 +77,109 @@ def request_tools(api: str, body: dict) -> dict[str, dict]:
 
 
 def near_miss_call(text: str, tools: dict[str, dict]) -> tuple[str, dict] | None:
-    """(tool name, arguments) when the whole `text` is a call to one of `tools` that validates, else None."""
+    """(tool name, arguments) when the whole `text` is one or more calls to `tools` whose first validates,
+    else None. Of several calls the first is returned: a small model writes out the steps it plans (write the
+    file, then run it), and it writes the next one again once it has read the first one's result."""
     if not tools or len(text) > MAX_HELD:
         return None
     inner = text.strip()
-    fenced = FENCE.match(inner)
-    if fenced:
-        inner = fenced.group(1).strip()
-    tagged = TOOL_CALL_TAGS.match(inner)
-    if tagged:
-        inner = tagged.group(2).strip()
-    if not inner.startswith("{"):
+    calls = _blocks(inner)
+    if calls is None and BAD_QUOTE_ESCAPE.search(inner):
+        calls = _blocks(BAD_QUOTE_ESCAPE.sub(r"\1'", inner))
+    if not calls or any(name not in tools for name, _ in calls) or not _valid(*calls[0], tools):
         return None
+    return calls[0]
+
+
+def _valid(name: str, args: dict, tools: dict[str, dict]) -> bool:
+    """Whether `name` is one of `tools` and `args` validate against its JSON schema (never a guess)."""
+    if name not in tools:
+        return False
+    schema = tools[name]
     try:
-        obj = json.loads(inner)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or obj["name"] not in tools:
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        cls.check_schema(schema)
+        return bool(cls(schema).is_valid(args))
+    except (jsonschema.exceptions.SchemaError, referencing.exceptions.Unresolvable, RecursionError, TypeError,
+            ValueError):
+        return False  # a schema we cannot check
+
+
+def _blocks(s: str, depth: int = 0) -> list[tuple[str, dict]] | None:
+    """The calls `s` consists of, one block after another with only white space between, or None when any
+    part of it is not a call block. Blocks: a JSON object {"name", "arguments"}; <tool_call>/<tools> tags
+    around blocks; <function name="N" arguments='{...}'> (closed by /> or </function>); and
+    <function><name>N</name><arguments>{...}</arguments></function>; a ``` fence around blocks."""
+    calls: list[tuple[str, dict]] = []
+    s = s.strip()
+    while s:
+        one = _block(s, depth)
+        if one is None:
+            return None
+        got, s = one
+        calls += got
+        s = s.lstrip()
+    return calls
+
+
+def _block(s: str, depth: int) -> tuple[list[tuple[str, dict]], str] | None:
+    """The call block at the start of `s` and the text after it, or None."""
+    fence = FENCED_BLOCK.match(s)
+    if fence and depth < 2:
+        inner = _blocks(fence.group(1), depth + 1)
+        return (inner, s[fence.end():]) if inner else None
+    if s.startswith("{"):
+        obj, end = _decode(s)
+        call = _call(obj)
+        return ([call], s[end:]) if call else None
+    tag = WRAPPER.match(s)
+    if tag and depth < 2:
+        close = s.find(f"</{tag.group(1)}>", tag.end())
+        inner = _blocks(s[tag.end():close], depth + 1) if close >= 0 else None
+        return (inner, s[close + len(tag.group(1)) + 3:]) if inner else None
+    attr = FUNCTION_ATTR.match(s)
+    if attr:
+        args, end = _decode(s[attr.end():])
+        rest = FUNCTION_ATTR_END.match(s[attr.end() + end:]) if end else None
+        if not isinstance(args, dict) or not rest or rest.group(1) != attr.group(2):
+            return None
+        return [(attr.group(1), args)], s[attr.end() + end + rest.end():]
+    elem = FUNCTION_ELEM.match(s)
+    if elem:
+        args = _loads(elem.group(2))
+        return ([(elem.group(1), args)], s[elem.end():]) if isinstance(args, dict) else None
+    return None
+
+
+def _call(obj: Any) -> tuple[str, dict] | None:
+    """{"name": N, "arguments"|"parameters"|"input": {...} or a JSON string of one} as (N, arguments)."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     keys = [k for k in obj if k != "name"]
     if len(keys) > 1 or (keys and keys[0] not in ARG_KEYS):
         return None
     args: Any = obj[keys[0]] if keys else {}
     if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except (ValueError, RecursionError):
-            return None
-    if not isinstance(args, dict):
-        return None
-    schema = tools[obj["name"]]
+        args = _loads(args)
+    return (obj["name"], args) if isinstance(args, dict) else None
+
+
+def _decode(s: str) -> tuple[Any, int]:
+    """The JSON value at the start of `s` and where it ends; (None, 0) when there is none."""
     try:
-        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-        cls.check_schema(schema)
-        if not cls(schema).is_valid(args):
-            return None
-    except (jsonschema.exceptions.SchemaError, referencing.exceptions.Unresolvable, RecursionError, TypeError,
-            ValueError):
-        return None  # a schema we cannot check: never guess
-    return obj["name"], args
+        return json.JSONDecoder().raw_decode(s)
+    except (ValueError, RecursionError):
+        return None, 0
+
+
+def _loads(text: str) -> Any:
+    """`text` as JSON, reading an invalid `\\'` escape as the quote it stands for; None when it is no JSON."""
+    for candidate in (text.strip(), BAD_QUOTE_ESCAPE.sub(r"\1'", text.strip())):
+        try:
+            return json.loads(candidate)
+        except (ValueError, RecursionError):
+            continue
+    return None
 
 
 def could_be_call(text: str) -> bool:
