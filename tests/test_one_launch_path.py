@@ -53,7 +53,7 @@ def daemon_argvs(model: Path, engine) -> tuple[list[str], list[str]]:  # type: i
     sup._engine = engine
     name = model_name(model)
     sup.configs[name] = cfg = ModelConfig(name, model, None, "auto")
-    # what Supervisor._launch_once decides for it, nothing else resident
+    # what EffectsRunner.launch_once decides for it, nothing else resident
     load = decide_child(describe(model), engine, cfg.spec, cfg.ctx, cfg.cache_type,
                            workload=cfg.resolved_workload(), devices=sup.planning_devices(engine, name),
                            children=1).argv(port=1234, alias=name)
@@ -125,7 +125,8 @@ def test_the_plans_route_shows_the_threads_and_draft_length_the_load_runs(models
     other.decision = SimpleNamespace(bytes=GIB, plan=SimpleNamespace(chosen=chosen))  # type: ignore[assignment]
     sup.instances["other"] = other
     view = plans.plan_for(sup, name)["argv"]
-    # what Supervisor._launch_once decides for it with `other` resident
+    # what EffectsRunner.launch_once decides for it with `other` resident (it asks the same two helpers)
+    assert (sup.children_beside(name), cfg.settled_draft_len()) == (1, (3, cfg.draft_len_reason))
     load = decide_child(describe(model), engine, cfg.spec, cfg.ctx, cfg.cache_type,
                            workload=cfg.resolved_workload(), devices=sup.planning_devices(engine, name),
                            children=2, draft_len=(3, cfg.draft_len_reason)).argv(port=1234, alias=name)

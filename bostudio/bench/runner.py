@@ -502,6 +502,3 @@ def sweep_fits(info: ModelInfo, ctx_sweep: list[int], note: Progress) -> list[in
             note(f"context {c} is beyond the model's training context ({limit}): left out of the sweep")
     return kept
 
-
-def model_label(path: Path) -> str:
-    return model_name(path)

@@ -36,10 +36,6 @@ class CacheType:
         """ggml_row_size: bytes for a row of n elements (n is a multiple of the block size)."""
         return self.type_size * n // self.block_size
 
-    @property
-    def bytes_per_element(self) -> float:
-        return self.type_size / self.block_size
-
 
 # The types -ctk/-ctv accept (common/arg.cpp kv_cache_types), sizes from ggml's type traits.
 CACHE_TYPES: dict[str, CacheType] = {t.name: t for t in (
@@ -88,11 +84,6 @@ class ContextSettings:
     @property
     def outputs_max(self) -> int:
         return self.n_outputs_max or self.n_parallel
-
-    def with_ctx(self, n_ctx: int) -> "ContextSettings":
-        from dataclasses import replace
-
-        return replace(self, n_ctx=n_ctx)
 
 
 @dataclass(frozen=True)

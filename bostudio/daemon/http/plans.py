@@ -1,6 +1,6 @@
 """The daemon's plans route (GET /bostudio/plans/MODEL, the TUI's plan view): the launch decision a
-load of the model would make now, through the same call as the load itself (supervisor.child_inputs,
-fed what Supervisor._launch_once feeds it: the children resident beside it, the draft length the acceptance
+load of the model would make now, through the same call as the load itself (supervise.launching.child_inputs,
+fed what EffectsRunner.launch_once feeds it: the children resident beside it, the draft length the acceptance
 check settled on), so the argv shown is the argv that runs, apart from port, key and paths."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from typing import Any
 from bostudio.gguf.capabilities import model_caps
 from bostudio.daemon.supervise.launching import child_inputs
 from bostudio.daemon.supervise.supervisor import Supervisor
-from bostudio.daemon.supervise.lifecycle import RESIDENT_STATES
 from bostudio.gguf import describe
 from bostudio.launch import view
 from bostudio.planner import what_would_fit
@@ -38,14 +37,11 @@ def plan_for(sup: Supervisor, model: str, ctx: int | None = None, cache_type: st
     workload = cfg.resolved_workload()
     pool = sup.view_pool(cfg.name)
     # As the load: CPU threads split with the other resident children, the settled draft length under auto.
-    others = sum(1 for n, i in sup.instances.items() if n != cfg.name and i.state in RESIDENT_STATES)
-    draft_len = (cfg.draft_len, cfg.draft_len_reason) if cfg.draft_len is not None and mode == cfg.spec == "auto" \
-        else None
     inputs = child_inputs(info, eng, mode, ctx, ctype, workload=workload,
                           fallback=cfg.fallback(workload) if mode == cfg.spec else None,
                           prompt_reuse=sup.slot_store is not None, pool=pool,
-                          devices=sup.planning_devices(eng, cfg.name, running=True), children=1 + others,
-                          draft_len=draft_len)
+                          devices=sup.planning_devices(eng, cfg.name, running=True),
+                          children=1 + sup.children_beside(cfg.name), draft_len=cfg.settled_draft_len(mode))
     decision, refused = view(inputs)
     planned = decision.plan
     o = planned.chosen

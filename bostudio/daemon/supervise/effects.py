@@ -181,16 +181,13 @@ class EffectsRunner:
             log.warning("%s: %s; planning without it", cfg.name, problem)
         try:
             devices = await asyncio.to_thread(sup.planning_devices, engine, cfg.name)
-            # CPU threads (planner.threads) are split between this child and those already resident (a child
-            # launched alone gets the whole rule; one launched beside two others, a third of it).
-            others = sum(1 for i in sup.instances.values() if i is not inst and i.state in lc.RESIDENT_STATES)
-            draft_len = (cfg.draft_len, cfg.draft_len_reason) if cfg.draft_len is not None and cfg.spec == "auto" \
-                else None
+            # The plans route (daemon/http/plans.py) feeds child_inputs the same children and draft length.
+            children, draft_len = 1 + sup.children_beside(cfg.name), cfg.settled_draft_len()
             decision = await asyncio.to_thread(
                 lambda: decide_child(info, engine, cfg.spec, cfg.ctx, cfg.cache_type, pull=self.opts.pull,
                                      workload=workload, fallback=cfg.fallback(workload),
                                      prompt_reuse=sup.slot_store is not None, pool=inst.pool,
-                                     devices=devices, children=1 + others, draft_len=draft_len))
+                                     devices=devices, children=children, draft_len=draft_len))
         except PlanError as exc:
             if inst.lost_workers:  # it fitted with the worker that died: say so; retrying cannot help
                 raise lc.WorkerLostError(f"{cfg.name} does not fit without the lost rpc worker(s) "

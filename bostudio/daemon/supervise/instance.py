@@ -54,6 +54,13 @@ class ModelConfig:
         """Why auto gave up on speculation for `workload` (None: it did not)."""
         return self.auto_off_reason if self.spec == "auto" and self.auto_off == workload else None
 
+    def settled_draft_len(self, spec: str | None = None) -> tuple[int, str] | None:
+        """(n, why): the draft length the acceptance check settled on, which a launch under `spec` (None: this
+        config's own) runs; None where none settled, or where that launch is not this config's auto."""
+        spec = self.spec if spec is None else spec
+        return (self.draft_len, self.draft_len_reason) if self.draft_len is not None and spec == self.spec == "auto" \
+            else None
+
 
 def _template_json(path: Path) -> dict | None:
     """The chat template the model is served with (gguf/template.py), None when unreadable."""

@@ -111,6 +111,11 @@ class Supervisor:
         workers = self.workers_for(name)
         return discover_pool(self.engine, workers) if workers else Pool()
 
+    def children_beside(self, name: str) -> int:
+        """The resident children other than `name`'s: a launch of `name` splits the host's CPU threads
+        (planner.threads) with them, so a child launched beside two others gets a third of the rule."""
+        return sum(1 for n, i in self.instances.items() if n != name and i.state in RESIDENT_STATES)
+
     def planning_devices(self, engine: Engine, name: str, running: bool = False) -> tuple[Device, ...]:
         """This machine's devices as a load of `name` may use them: the memory of idle models counts as
         free (the load evicts them when it needs the room; with `running`, `name`'s own too, as a
