@@ -136,13 +136,13 @@ def test_codex_exec(daemon: DaemonProc, tmp_path: Path) -> None:
     out, _, _ = run_agent(daemon, "codex", ["exec", "--skip-git-repo-check", "Say hello in one word."],
                           tmp_path / "codex")
     assert "tokens used" in out.stderr, out.stderr[-3000:]  # codex exec closes a finished turn with its usage
-    # What launch's config leaves the model (agents.CODEX_TOOLS_OFF): the shell and the question to the user,
-    # none of OpenAI's hosted tools, sub-agents, goals or images; no skills catalogue in the prompt.
+    # What launch's config leaves the model (agents.CODEX_TOOLS_OFF): the shell, none of OpenAI's hosted
+    # tools, sub-agents, goals, images or Plan mode's question to the user; no skills catalogue in the prompt.
     sent = [json.loads(p.read_text()) for p in sorted(daemon.record.glob("*.json"))]
     bodies = [r["body"] for r in sent if r["route"].endswith("/responses") and r["body"].get("tools")]
     assert bodies, [r["route"] for r in sent]
     tools = {t.get("name") or t.get("type") for t in bodies[-1]["tools"]}
-    assert tools == {"exec_command", "write_stdin", "request_user_input"}, tools
+    assert tools == {"exec_command", "write_stdin"}, tools
     assert "<skills_instructions>" not in json.dumps(bodies[-1]["input"])
 
 

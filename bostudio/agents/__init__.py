@@ -143,12 +143,15 @@ def claude_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
 # first request otherwise carries eight tools (41k characters) where these leave three (25k): web search and
 # image generation are OpenAI's hosted tools; sub-agents (an 11k-character tool namespace), goals, apps,
 # plugins and the bundled skills' catalogue cost every turn's prefill, and a 1.5B model picked among them
-# poorly (BENCHMARKS.md, "Coding agents on this machine"). view_image needs a vision model. What stays:
-# exec_command, write_stdin, request_user_input. Checked with a recording server (tests/test_agents_real.py).
+# poorly (BENCHMARKS.md, "Coding agents on this machine"). view_image needs a vision model.
+# request_user_input says of itself that it works only in Plan mode; Qwen2.5-Coder-1.5B called it anyway.
+# What stays: exec_command and write_stdin (`features.unified_exec = false` does not take in 0.171).
+# Checked with a recording server (tests/test_agents_real.py).
 CODEX_TOOLS_OFF = ('web_search = "disabled"',)
 CODEX_TABLES_OFF = ("[features]", "goals = false", "view_image = false", "image_generation = false",
                     "apps = false", "plugins = false", "", "[agents]", "enabled = false", "",
-                    "[skills]", "include_instructions = false", "", "[skills.bundled]", "enabled = false", "")
+                    "[skills]", "include_instructions = false", "", "[skills.bundled]", "enabled = false", "",
+                    "[tools.experimental_request_user_input]", "enabled = false", "")
 
 
 def codex_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
