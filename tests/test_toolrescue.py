@@ -284,3 +284,85 @@ def test_a_whole_answer_becomes_a_call(path: str) -> None:
         assert [o.type for o in r.output] == ["function_call"] and r.output[0].name == "Write"
         assert json.loads(r.output[0].arguments)["file_path"] == "hello.py"
     assert fired == ["Write"]
+
+
+# ------------------------------------------------- a broken call asked again, with the call forced
+
+@pytest.mark.parametrize("text, expected", [
+    # seen on Codex's prompt (Qwen2.5-Coder-1.5B): JSON cut short inside a quoted attribute, tags of its own
+    ("<function name=\"get_weather\" arguments='{\"city\": \"Pa'ris\"}'>", "get_weather"),
+    ("<function-name>get_weather</function-name>\n<arguments>{\"city\": }</arguments>", "get_weather"),
+    ('{{"name": "Write", "arguments": {"file_path": "a"}}}}', "Write"),
+    ('```json\n{"name": "get_weather", "arguments": {"city": "Paris"\n```', "get_weather"),
+    ('<tools>\n<function=get_weather>\n{"city": 1}\n</tools>', "get_weather"),
+    ('{"name": "Write", "x": 1} {"name": "get_weather"}', "Write"),  # the earliest named tool
+    # not an attempt at one of the request's tools: prose, another tool, a name that only starts alike
+    ("I would call get_weather with Paris.", None),
+    ('{"name": "Bash", "arguments": {"command": "ls"}', None),
+    ('{"name": "get_weather_now", "arguments": {}', None),
+    ("```python\nprint('get_weather')\n```", None),
+    ("", None),
+])
+def test_which_broken_answers_are_attempts(text: str, expected: str | None) -> None:
+    assert toolrescue.attempted_tool(text, TOOLS) == expected
+
+
+def test_forcing_keeps_the_named_tool_alone_and_forces_it_per_dialect() -> None:
+    chat = body_for("/v1/chat/completions", TOOLS) | {"tools": [
+        {"type": "function", "function": {"name": n, "parameters": s}} for n, s in TOOLS.items()]}
+    forced = toolrescue.forcing("openai", chat, "get_weather")
+    assert [t["function"]["name"] for t in forced["tools"]] == ["get_weather"] and forced["tool_choice"] == "required"
+    resp = {"tools": [{"type": "function", "name": n, "parameters": s} for n, s in TOOLS.items()], "input": "hi"}
+    forced = toolrescue.forcing("openai", resp, "Write")
+    assert [t["name"] for t in forced["tools"]] == ["Write"] and forced["input"] == "hi"
+    anth = {"tools": [{"name": n, "input_schema": s} for n, s in TOOLS.items()], "tool_choice": {"type": "auto"}}
+    forced = toolrescue.forcing("anthropic", anth, "Write")
+    assert [t["name"] for t in forced["tools"]] == ["Write"] and forced["tool_choice"] == {"type": "any"}
+    assert anth["tool_choice"] == {"type": "auto"}  # the client's body is not changed
+
+
+BROKEN = "<function name=\"Write\" arguments='{\"file_path\": \"a.py\", \"content\": \"x'}'>"
+
+
+@pytest.mark.parametrize("path", sorted(STREAMS))
+def test_a_broken_call_is_replaced_by_the_forced_one(path: str) -> None:
+    """Nothing of the held answer reaches the client: the forced call's own stream does, whole."""
+    forced_stream = with_text(path, f"```json\n{CALL}\n```")  # stands for llama-server's forced answer
+    asked: list[str] = []
+
+    async def regenerate(tool: str):
+        asked.append(tool)
+        for chunk in split_odd(forced_stream):
+            yield chunk
+
+    transform = toolrescue.rescuer(path, api_for(path), body_for(path, {"Write": WRITE}), True, lambda _: None,
+                                   regenerate)
+    out = run(transform, split_odd(with_text(path, BROKEN)))
+    assert asked == ["Write"] and out == forced_stream
+
+
+@pytest.mark.parametrize("path", sorted(STREAMS))
+def test_when_the_forced_call_cannot_be_had_the_answer_goes_out_as_it_was(path: str) -> None:
+    async def regenerate(tool: str):
+        raise toolrescue.RegenerateFailed
+        yield b""  # an async generator
+
+    stream = with_text(path, BROKEN)
+    transform = toolrescue.rescuer(path, api_for(path), body_for(path, {"Write": WRITE}), True, lambda _: None,
+                                   regenerate)
+    assert run(transform, split_odd(stream)) == stream
+
+
+def test_a_whole_broken_answer_is_replaced_too() -> None:
+    path = "/v1/chat/completions"
+    body = json.loads(json.dumps(STREAMS[path]["whole"]))
+    body["choices"][0]["message"]["content"] = BROKEN
+    forced = json.dumps({"forced": True}).encode()
+
+    async def regenerate(tool: str):
+        yield forced
+
+    transform = toolrescue.rescuer(path, "openai", body_for(path, {"Write": WRITE}), False, lambda _: None, regenerate)
+    assert run(transform, [json.dumps(body).encode()]) == forced
+    never = toolrescue.rescuer(path, "openai", body_for(path, {"Write": WRITE}), False, lambda _: None, None)
+    assert run(never, [json.dumps(body).encode()]) == json.dumps(body).encode()

@@ -436,7 +436,8 @@ class Router:
 
     def tool_rescue(self, inst: Instance, path: str, api: str, body: dict, streaming: bool, status: int):
         """The relay transform that makes a near-miss tool call in the answer a real one (toolrescue.py),
-        or None when the request has no tools to call or the answer is an error."""
+        or None when the request has no tools to call or the answer is an error. An answer that tried a call
+        in a form no rule reads is asked again, forced to call the tool it named (`regenerate`)."""
         if status != 200:
             return None
 
@@ -445,7 +446,34 @@ class Router:
             log.info("%s: the answer to %s was a tool call written as text (%s); sent as a call "
                      "(%d so far)", inst.name, path, tool, inst.stats.tool_calls_rescued)
 
-        return toolrescue.rescuer(path, api, body, streaming, fired)
+        async def regenerate(tool: str) -> AsyncIterator[bytes]:
+            """The response to `body` forced to call `tool`, under the grammar of its schema; raises
+            RegenerateFailed before yielding when the child will not give it."""
+            try:
+                raw, forced = await self.prepare(inst.name, path, toolrescue.forcing(api, body, tool), api)
+                again, upstream = await self.open(inst.name, path, raw, api, forced)
+            except (Reject, ChildError) as exc:
+                log.warning("%s: could not ask for the %s call again: %s", inst.name, tool, exc)
+                raise toolrescue.RegenerateFailed from exc
+            try:
+                if upstream.status_code != 200:
+                    log.warning("%s: the forced %s call was refused (%d)", inst.name, tool, upstream.status_code)
+                    raise toolrescue.RegenerateFailed
+                inst.stats.tool_calls_forced += 1
+                log.info("%s: the answer to %s tried a %s call in a form no rule reads; asked again with the call "
+                         "forced (%d so far)", inst.name, path, tool, inst.stats.tool_calls_forced)
+                async for chunk in self.chunks(again, upstream):
+                    if streaming:
+                        t = timings_from_sse(chunk)
+                        if t is not None:
+                            again.stats.add_timings(t)
+                    yield chunk
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await upstream.aclose()
+                self.release(again, upstream)
+
+        return toolrescue.rescuer(path, api, body, streaming, fired, regenerate)
 
     async def translate_error(self, inst: Instance, upstream: passthrough.UpstreamResponse, api: str) -> Response:
         """llama-server's (OpenAI-shaped) error body, re-shaped for `api`."""

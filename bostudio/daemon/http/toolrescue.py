@@ -18,8 +18,14 @@ and it writes the next step again once it has read the first one's result. The l
 sent, so they need only be calls to the request's own tools. Text that fails any of these passes through unchanged: never a call that
 fails the schema. A request with `tool_choice: none` (or no tools) is never touched.
 
+An answer held whole that tried to call one of the request's tools in a form no rule reads (broken JSON,
+tags of the model's own: attempted_tool) is not guessed at: the request is asked again with a call to that
+tool forced (forcing), so llama.cpp's grammar for the tool's schema writes it, and that response goes to the
+client instead. Nothing of the first answer has gone out by then; when the forced one cannot be had, the
+first goes out as it was.
+
 For a streamed answer, text deltas are held only while the answer so far could still be such a block (it
-is empty or starts with "`", "{", "<tool_call>", "<tools>" or "<function"); the first other character releases them and the rest
+is empty or starts with "`", "{", "<tool_call>", "<tools>" or a "<function" tag); the first other character releases them and the rest
 streams through untouched. A held answer is decided at its end. Pure: bytes in, bytes out, per API
 dialect (OpenAI chat, Anthropic messages, OpenAI Responses), streamed (SSE) or whole (JSON).
 """
@@ -36,7 +42,7 @@ from typing import Any
 import jsonschema
 import referencing.exceptions
 
-TAGS = ("<tool_call>", "<tools>", "<function ", "<function>")
+TAGS = ("<tool_call>", "<tools>", "<function ", "<function>", "<function-name>", "<function=")
 FENCED_BLOCK = re.compile(r"```[\w+-]*[ \t]*\n(.*?)\n?[ \t]*```", re.S)
 WRAPPER = re.compile(r"<(tool_call|tools)>")
 # <function name="N" arguments='{...}'> : the JSON is read by a JSON decoder, so quotes inside it are no end
@@ -180,6 +186,33 @@ def _loads(text: str) -> Any:
         except (ValueError, RecursionError):
             continue
     return None
+
+
+def attempted_tool(text: str, tools: dict[str, dict]) -> str | None:
+    """The request's tool a held answer tried to call in a form no rule above reads (broken JSON, another
+    tag), or None. It names the tool as a call does: `"name": "X"`, `name="X"`, `<name>X</name>`,
+    `<function-name>X</function-name>` or `<function=X>`; the earliest such tool wins. Only an answer held
+    whole (could_be_call from its first character to its last) is asked: prose that mentions a tool is not."""
+    if not tools or len(text) > MAX_HELD or not could_be_call(text):
+        return None
+    best: tuple[int, str] | None = None
+    for name in tools:
+        m = re.search(r"""(?:"name"\s*:\s*"|\bname\s*=\s*["']|<(?:name|function-name|tool_name)>\s*|<function=)"""
+                      + re.escape(name) + r"""(?=["'<>\s])""", text)
+        if m and (best is None or m.start() < best[0]):
+            best = (m.start(), name)
+    return best[1] if best else None
+
+
+def forcing(api: str, body: dict, tool: str) -> dict:
+    """`body` asking for a call to `tool` alone (its definition only, the dialect's forcing tool_choice):
+    llama-server then writes the call under the grammar of the tool's schema (normalise.py opens it)."""
+    def name_of(t: Any) -> Any:
+        if not isinstance(t, dict):
+            return None
+        return t["function"].get("name") if isinstance(t.get("function"), dict) else t.get("name")
+    tools = [t for t in body.get("tools") or [] if name_of(t) == tool]
+    return dict(body, tools=tools, tool_choice={"type": "any"} if api == "anthropic" else "required")
 
 
 def could_be_call(text: str) -> bool:
@@ -405,18 +438,48 @@ DIALECTS: dict[str, _Dialect] = {"/v1/chat/completions": _OpenAIChat(), "/v1/mes
                                  "/v1/responses": _Responses()}
 
 
-def rescuer(path: str, api: str, body: dict, streaming: bool,
-            fired: Callable[[str], None]) -> Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None:
+Regenerate = Callable[[str], AsyncIterator[bytes]]
+
+
+class RegenerateFailed(Exception):
+    """The forced call could not be had (no room, the child refused it): the held answer goes out as it was."""
+
+
+def rescuer(path: str, api: str, body: dict, streaming: bool, fired: Callable[[str], None],
+            regenerate: Regenerate | None = None) -> Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None:
     """A relay transform that turns a near-miss call in the answer to `body` into a real one (calling
-    `fired(tool name)` when it does), or None when the request cannot have one."""
+    `fired(tool name)` when it does), or None when the request cannot have one. With `regenerate`, an answer
+    that tried to call a tool in a form no rule reads (attempted_tool) is replaced by `regenerate(tool)`: the
+    whole response (same route, same streaming) to the request forced to call that tool; it raises
+    RegenerateFailed before its first chunk when it cannot be had."""
     dialect = DIALECTS.get(path)
     tools = request_tools(api, body) if dialect is not None else {}
     if not tools:
         return None
-    return _stream(dialect, tools, fired) if streaming else _whole(dialect, tools, fired)
+    return _stream(dialect, tools, fired, regenerate) if streaming else _whole(dialect, tools, fired, regenerate)
 
 
-def _whole(dialect: _Dialect, tools: dict[str, dict], fired: Callable[[str], None]):
+async def _regenerated(tools: dict[str, dict], text: str, regenerate: Regenerate | None
+                       ) -> AsyncIterator[bytes] | None:
+    """The forced call's response for an answer that tried one (attempted_tool), started; None otherwise."""
+    tool = attempted_tool(text, tools) if regenerate is not None else None
+    if tool is None:
+        return None
+    gen = regenerate(tool).__aiter__()  # type: ignore[misc]
+    try:
+        first = await gen.__anext__()
+    except (RegenerateFailed, StopAsyncIteration):
+        return None
+
+    async def rest() -> AsyncIterator[bytes]:
+        yield first
+        async for chunk in gen:
+            yield chunk
+    return rest()
+
+
+def _whole(dialect: _Dialect, tools: dict[str, dict], fired: Callable[[str], None],
+           regenerate: Regenerate | None = None):
     async def transform(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         raw = bytearray()
         async for chunk in chunks:
@@ -429,6 +492,11 @@ def _whole(dialect: _Dialect, tools: dict[str, dict], fired: Callable[[str], Non
         found = near_miss_call(text, tools) if isinstance(text, str) else None
         new = dialect.rewrite_body(data, *found) if found and isinstance(data, dict) else None
         if new is None:
+            again = await _regenerated(tools, text, regenerate) if isinstance(text, str) and not found else None
+            if again is not None:
+                async for chunk in again:
+                    yield chunk
+                return
             yield bytes(raw)
             return
         fired(found[0])  # type: ignore[index]
@@ -436,7 +504,8 @@ def _whole(dialect: _Dialect, tools: dict[str, dict], fired: Callable[[str], Non
     return transform
 
 
-def _stream(dialect: _Dialect, tools: dict[str, dict], fired: Callable[[str], None]):
+def _stream(dialect: _Dialect, tools: dict[str, dict], fired: Callable[[str], None],
+            regenerate: Regenerate | None = None):
     async def transform(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         buf, held, text = bytearray(), [], []
         holding = True
@@ -467,8 +536,15 @@ def _stream(dialect: _Dialect, tools: dict[str, dict], fired: Callable[[str], No
         if rewritten is not None:
             fired(found[0])  # type: ignore[index]
             held = rewritten
+        elif text:
+            again = await _regenerated(tools, "".join(text), regenerate)
+            if again is not None:  # nothing of the held answer went out: the forced call's stream instead
+                async for chunk in again:
+                    yield chunk
+                return
         yield b"".join(held) + bytes(buf)
     return transform
 
 
-__all__ = ["request_tools", "near_miss_call", "could_be_call", "rescuer", "DIALECTS"]
+__all__ = ["request_tools", "near_miss_call", "attempted_tool", "forcing", "could_be_call", "rescuer",
+           "RegenerateFailed", "DIALECTS"]
