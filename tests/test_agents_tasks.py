@@ -1,17 +1,19 @@
 """Coding agents finish real tasks through the daemon on the default model (Qwen2.5-Coder-1.5B-Instruct):
-the real Claude Code and opencode CLIs (pinned, from npm, in .agents/), each in its own HOME, configured only
-from `bostudio launch AGENT --print --json`, each asked to create a file and run it. A task is done when its
-file exists and runs: the tests check the file and what it prints, never the agent's words.
+the real Claude Code, Codex and opencode CLIs (pinned, from npm, in .agents/), each in its own HOME,
+configured only from `bostudio launch AGENT --print --json`, each asked to create a file and run it. A task
+is done when its file exists and runs: the tests check the file and what it prints, never the agent's words.
 
-Codex is not among them: on this 1.5B model it did not finish either task in five tries (BENCHMARKS.md,
-"Coding agents on this machine"); test_agents_real.py runs it on the small fixture for what the daemon guarantees it.
+Codex rarely finishes on this 1.5B model (2 of 20 runs of `codex exec` on the hello task; the model writes
+its calls in ever new forms, or describes the work instead of doing it: BENCHMARKS.md, "Coding agents on
+this machine"): its test is a measurement of that, as the others are. test_agents_real.py runs Codex on the small fixture for what the
+daemon guarantees it.
 
 One session crosses Claude Code's compaction point (a command prints about 6k tokens into a 32k context
 whose own prompt is about 12k): the CLI compacts, no request ends in a 400, and the task after it is done.
 
 Not in the default run (pyproject: `-m 'not agent_tasks'`): whether a 1.5B Q4 model picks the right tool
-and path is which token wins on this CPU. By hand all three passed; on the first fresh-clone run all three
-failed (Claude Code called its `Agent` tool with arguments its schema refuses, which the daemon rightly
+and path is which token wins on this CPU. By hand Claude Code and opencode passed; on the first fresh-clone
+run all three failed (Claude Code called its `Agent` tool with arguments its schema refuses, which the daemon rightly
 left as text; opencode wrote hello.py under /tmp; the long session never ran the command). Run them with
 `scripts/test.sh -m agent_tasks`, as a measurement.
 
@@ -114,6 +116,19 @@ def test_a_claude_code_session_that_crosses_its_context_compacts_and_finishes(
     first_big = next(i for i, s in enumerate(sizes) if s > 20_000)
     assert any(s < sizes[first_big] // 2 for s in sizes[first_big + 1:]), \
         f"Claude Code never compacted past {at} tokens: message sizes {sizes}\n{said(out)}"
+    assert_hello(work, out)
+
+
+def test_codex_creates_a_file_and_runs_it(daemon: DaemonProc, qwen_gguf: Path, tmp_path: Path) -> None:
+    """`codex exec` runs in a read-only sandbox unless told otherwise; --full-auto's sandbox needs user
+    namespaces that a container may not give, so the test lifts it, as `--dangerously-skip-permissions` does
+    for Claude Code (the agent works in the test's own directory)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    out = run_task(daemon, "codex", qwen_gguf.stem,
+                   ["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", HELLO], work,
+                   tmp_path / "home")
+    assert out.returncode == 0, said(out)
     assert_hello(work, out)
 
 
