@@ -301,6 +301,7 @@ def test_a_whole_answer_becomes_a_call(path: str) -> None:
     ('{"name": "Bash", "arguments": {"command": "ls"}', None),
     ('{"name": "get_weather_now", "arguments": {}', None),
     ("```python\nprint('get_weather')\n```", None),
+    ("```python\n" + "x = 1\n" * 60 + 'CONFIG = {"name": "get_weather", "city": }\n```', None),  # named late
     ("", None),
 ])
 def test_which_broken_answers_are_attempts(text: str, expected: str | None) -> None:

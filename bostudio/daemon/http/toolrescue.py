@@ -54,6 +54,7 @@ ARG_KEYS = ("arguments", "parameters", "input")
 # `\'` is not a JSON escape, but a small model writes it for a quote inside a shell command
 # (Qwen2.5-Coder-1.5B on Codex: "cmd": "python3 -c 'print(\'hello\')'"); its only reading is `'`.
 BAD_QUOTE_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\'")
+ATTEMPT_WITHIN = 256  # characters of a held answer in which a broken call must name its tool
 MAX_HELD = 1 << 20  # bytes of held text; past this the answer streams on as text
 
 
@@ -191,14 +192,16 @@ def _loads(text: str) -> Any:
 def attempted_tool(text: str, tools: dict[str, dict]) -> str | None:
     """The request's tool a held answer tried to call in a form no rule above reads (broken JSON, another
     tag), or None. It names the tool as a call does: `"name": "X"`, `name="X"`, `<name>X</name>`,
-    `<function-name>X</function-name>` or `<function=X>`; the earliest such tool wins. Only an answer held
-    whole (could_be_call from its first character to its last) is asked: prose that mentions a tool is not."""
+    `<function-name>X</function-name>` or `<function=X>`, within its first ATTEMPT_WITHIN characters (a call
+    names its tool at its start; a code block that quotes a config further down does not count); the earliest
+    such tool wins. Only an answer held whole (it began as a call may: could_be_call) is asked: prose that
+    mentions a tool is not."""
     if not tools or len(text) > MAX_HELD or not could_be_call(text):
         return None
     best: tuple[int, str] | None = None
     for name in tools:
         m = re.search(r"""(?:"name"\s*:\s*"|\bname\s*=\s*["']|<(?:name|function-name|tool_name)>\s*|<function=)"""
-                      + re.escape(name) + r"""(?=["'<>\s])""", text)
+                      + re.escape(name) + r"""(?=["'<>\s])""", text[:ATTEMPT_WITHIN])
         if m and (best is None or m.start() < best[0]):
             best = (m.start(), name)
     return best[1] if best else None
