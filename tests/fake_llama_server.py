@@ -10,7 +10,8 @@ same endpoints and log lines, and a behaviour chosen by the model file's name:
 
 With FAKE_LLAMA_BODIES=FILE in its environment it appends every POST it gets to FILE, one JSON line
 {"pid", "path", "body"} each (what the daemon forwarded, byte for byte parsed). A POST whose body holds
-KILL_WORD anywhere exits the server at once, mid-request (a request that crashes its child).
+KILL_WORD anywhere exits the server at once, mid-request (a request that crashes its child); one with
+BROKEN_CALL_WORD gets a broken tool call, or a real one when the request forces it.
 
 `--decoy PORT` runs a decoy instead: it answers 200 to everything on PORT and appends each
 request path to the file named by --decoy-log.
@@ -28,6 +29,10 @@ from pathlib import Path
 
 HELP = Path(__file__).with_name("data") / "llama-server-help.txt"
 KILL_WORD = "KILL-THE-CHILD"
+# A chat request whose body holds BROKEN_CALL_WORD is answered with a get_weather call written in a form
+# nobody can read (a value that is no JSON), and as a real call when it forces one.
+BROKEN_CALL_WORD = "ANSWER-WITH-A-BROKEN-CALL"
+BROKEN_CALL = "<function name=\"get_weather\" arguments='{\"city\": Paris}'>"
 PROGRESS_S = 3.0
 T0 = time.monotonic()
 
@@ -102,6 +107,15 @@ class Handler(BaseHTTPRequestHandler):
             os._exit(139)  # as a segfault would: no answer, the connection drops
         timings = {"predicted_n": 4, "predicted_ms": 30.0, "predicted_per_second": 100.0, "draft_n": 4,
                    "draft_n_accepted": 3}
+        if BROKEN_CALL_WORD.encode() in raw and not body.get("stream"):
+            call = {"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}
+            message = {"role": "assistant", "content": None, "tool_calls": [call]} \
+                if body.get("tool_choice") == "required" else {"role": "assistant", "content": BROKEN_CALL}
+            self.send_json(200, {"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"
+                                              if message["content"] is None else "stop"}],
+                                 "model": body.get("model"), "timings": timings})
+            return
         if body.get("stream"):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")

@@ -133,6 +133,33 @@ def test_routes_streams_and_counts_stats_through_a_fake(client: TestClient) -> N
     assert "access-control-allow-origin" not in {k.lower() for k in r.headers}
 
 
+def test_a_broken_tool_call_is_asked_again_with_the_call_forced(client: TestClient, fake_root: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child answers a get_weather call in a form no rule reads; the daemon asks again forcing that tool
+    (tool_choice required, that tool alone) and the client gets the real call; ps counts it."""
+    from tests.fake_llama_server import BROKEN_CALL_WORD
+
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    other = {"type": "function", "function": {"name": "Bash", "parameters": {"type": "object"}}}
+    assert start(client, "fake-ok").status_code in (200, 201)  # loaded (or already there)
+    before = client.get("/bostudio/instances/fake-ok/stats").json()
+    r = client.post("/v1/chat/completions", json={
+        "model": "fake-ok", "tools": [other, weather],
+        "messages": [{"role": "user", "content": f"weather in Paris? {BROKEN_CALL_WORD}"}]})
+    assert r.status_code == 200, r.text
+    msg = r.json()["choices"][0]["message"]
+    assert msg["tool_calls"][0]["function"]["name"] == "get_weather", msg
+    st = client.get("/bostudio/instances/fake-ok/stats").json()
+    assert st["tool_calls_forced"] == before["tool_calls_forced"] + 1
+    assert st["requests"] == before["requests"] + 2  # the answer and the forced one
+    # A request without tools gets the child's text as it is, and nothing is asked again.
+    r = client.post("/v1/chat/completions", json={
+        "model": "fake-ok", "messages": [{"role": "user", "content": f"hi {BROKEN_CALL_WORD}"}]})
+    assert r.json()["choices"][0]["message"]["content"].startswith("<function name=")
+    assert client.get("/bostudio/instances/fake-ok/stats").json()["tool_calls_forced"] == st["tool_calls_forced"]
+
+
 def test_foreign_host_header_and_origin_get_403(client: TestClient) -> None:
     for headers in ({"Host": "evil.example:80"}, {"Host": "attacker.test"}, {"Origin": "http://evil.example"}):
         r = client.get("/v1/models", headers=headers)
