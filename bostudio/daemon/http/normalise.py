@@ -110,7 +110,8 @@ def default_output_limit(path: str, body: dict, limit: int) -> dict | None:
     return dict(body, **{key: limit})
 
 
-def _tool_name(tool: Any) -> str | None:
+def tool_name(tool: Any) -> str | None:
+    """A tool definition's name, in the OpenAI chat, Responses or Anthropic shape."""
     if not isinstance(tool, dict):
         return None
     fn = tool.get("function")
@@ -127,7 +128,7 @@ def named_tool_choice(path: str, body: dict) -> dict | None:
         return None
     fn = choice.get("function")
     name = fn.get("name") if isinstance(fn, dict) else choice.get("name")
-    tools = [t for t in body["tools"] if _tool_name(t) == name]
+    tools = [t for t in body["tools"] if tool_name(t) == name]
     if not isinstance(name, str) or not tools:
         return None  # llama-server answers an unknown name itself
     return dict(body, tools=tools, tool_choice="required")

@@ -398,6 +398,23 @@ class Router:
                                  "(--stream-idle-timeout)", kind=TIMED_OUT)
             yield chunk
 
+    async def timed_chunks(self, inst: Instance, upstream: passthrough.UpstreamResponse, streaming: bool
+                           ) -> AsyncIterator[bytes]:
+        """`chunks`, counting the response's timings into the instance's stats as they pass."""
+        body = bytearray()
+        async for chunk in self.chunks(inst, upstream):
+            if streaming:
+                t = timings_from_sse(chunk)
+                if t is not None:
+                    inst.stats.add_timings(t)
+            elif len(body) < (4 << 20):
+                body += chunk
+            yield chunk
+        if not streaming and upstream.status_code == 200:
+            t = timings_from_body(bytes(body))
+            if t is not None:
+                inst.stats.add_timings(t)
+
     async def prepare(self, name: str, path: str, body: dict, api: str, raw: bytes | None = None
                       ) -> tuple[bytes, dict]:
         """The body to forward for a checked request: only the fields `path`'s API defines
@@ -462,11 +479,7 @@ class Router:
                 inst.stats.tool_calls_forced += 1
                 log.info("%s: the answer to %s tried a %s call in a form no rule reads; asked again with the call "
                          "forced (%d so far)", inst.name, path, tool, inst.stats.tool_calls_forced)
-                async for chunk in self.chunks(again, upstream):
-                    if streaming:
-                        t = timings_from_sse(chunk)
-                        if t is not None:
-                            again.stats.add_timings(t)
+                async for chunk in self.timed_chunks(again, upstream, streaming):
                     yield chunk
             finally:
                 with anyio.CancelScope(shield=True):
@@ -506,24 +519,10 @@ class Router:
               media_type: str | None = None, status_code: int | None = None) -> Response:
         """Stream the upstream body to the client (optionally through `transform`, e.g. SSE to
         NDJSON), recording timings; a client disconnect closes the upstream and so cancels it."""
-        async def source() -> AsyncIterator[bytes]:
-            body = bytearray()
-            async for chunk in self.chunks(inst, upstream):
-                if streaming:
-                    t = timings_from_sse(chunk)
-                    if t is not None:
-                        inst.stats.add_timings(t)
-                elif len(body) < (4 << 20):
-                    body += chunk
-                yield chunk
-            if not streaming and upstream.status_code == 200:
-                t = timings_from_body(bytes(body))
-                if t is not None:
-                    inst.stats.add_timings(t)
-
         async def out() -> AsyncIterator[bytes]:
+            source = self.timed_chunks(inst, upstream, streaming)
             try:
-                async for chunk in (transform(source()) if transform else source()):
+                async for chunk in (transform(source) if transform else source):
                     yield chunk
             except ChildError as exc:
                 # The child died or stalled mid-response: tell a streaming client at once, in-band.

@@ -15,8 +15,9 @@ The rule is narrow on purpose. A response becomes a tool call only when ALL of i
 - and the first block's arguments validate against that tool's JSON schema.
 Of several blocks (each fenced, tagged or bare) the first becomes the call: the model wrote out its plan,
 and it writes the next step again once it has read the first one's result. The later ones are dropped, not
-sent, so they need only be calls to the request's own tools. Text that fails any of these passes through unchanged: never a call that
-fails the schema. A request with `tool_choice: none` (or no tools) is never touched.
+sent, so they need only be calls to the request's own tools. Text that fails any of these passes through
+unchanged: never a call that fails the schema. A request with `tool_choice: none` (or no tools) is never
+touched.
 
 An answer held whole that tried to call one of the request's tools in a form no rule reads (broken JSON,
 tags of the model's own: attempted_tool) is not guessed at: the request is asked again with a call to that
@@ -25,8 +26,8 @@ client instead. Nothing of the first answer has gone out by then; when the force
 first goes out as it was.
 
 For a streamed answer, text deltas are held only while the answer so far could still be such a block (it
-is empty or starts with "`", "{", "<tool_call>", "<tools>" or a "<function" tag); the first other character releases them and the rest
-streams through untouched. A held answer is decided at its end. Pure: bytes in, bytes out, per API
+is empty or starts with "`", "{", "<tool_call>", "<tools>" or a "<function" tag); the first other character
+releases them and the rest streams through untouched. A held answer is decided at its end. Pure: bytes in, bytes out, per API
 dialect (OpenAI chat, Anthropic messages, OpenAI Responses), streamed (SSE) or whole (JSON).
 """
 
@@ -41,6 +42,8 @@ from typing import Any
 
 import jsonschema
 import referencing.exceptions
+
+from bostudio.daemon.http.normalise import tool_name
 
 TAGS = ("<tool_call>", "<tools>", "<function ", "<function>", "<function-name>", "<function=")
 FENCED_BLOCK = re.compile(r"```[\w+-]*[ \t]*\n(.*?)\n?[ \t]*```", re.S)
@@ -99,9 +102,7 @@ def near_miss_call(text: str, tools: dict[str, dict]) -> tuple[str, dict] | None
 
 
 def _valid(name: str, args: dict, tools: dict[str, dict]) -> bool:
-    """Whether `name` is one of `tools` and `args` validate against its JSON schema (never a guess)."""
-    if name not in tools:
-        return False
+    """Whether `args` validate against the JSON schema of `tools[name]` (never a guess)."""
     schema = tools[name]
     try:
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
@@ -210,11 +211,7 @@ def attempted_tool(text: str, tools: dict[str, dict]) -> str | None:
 def forcing(api: str, body: dict, tool: str) -> dict:
     """`body` asking for a call to `tool` alone (its definition only, the dialect's forcing tool_choice):
     llama-server then writes the call under the grammar of the tool's schema (normalise.py opens it)."""
-    def name_of(t: Any) -> Any:
-        if not isinstance(t, dict):
-            return None
-        return t["function"].get("name") if isinstance(t.get("function"), dict) else t.get("name")
-    tools = [t for t in body.get("tools") or [] if name_of(t) == tool]
+    tools = [t for t in body.get("tools") or [] if tool_name(t) == tool]
     return dict(body, tools=tools, tool_choice={"type": "any"} if api == "anthropic" else "required")
 
 
