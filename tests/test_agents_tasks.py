@@ -3,7 +3,7 @@ the real Claude Code, Codex and opencode CLIs (pinned, from npm, in .agents/), e
 configured only from `bostudio launch AGENT --print --json`, each asked to create a file and run it. A task
 is done when its file exists and runs: the tests check the file and what it prints, never the agent's words.
 
-Codex rarely finishes on this 1.5B model (2 of 23 runs of `codex exec` on the hello task; the model writes
+Codex rarely finishes on this 1.5B model (3 of 26 runs of `codex exec` on the hello task; the model writes
 its calls in ever new forms, or describes the work instead of doing it: BENCHMARKS.md, "Coding agents on
 this machine"): its test is a measurement of that, as the others are. test_agents_real.py runs Codex on the small fixture for what the
 daemon guarantees it.
