@@ -11,7 +11,9 @@ same endpoints and log lines, and a behaviour chosen by the model file's name:
 With FAKE_LLAMA_BODIES=FILE in its environment it appends every POST it gets to FILE, one JSON line
 {"pid", "path", "body"} each (what the daemon forwarded, byte for byte parsed). A POST whose body holds
 KILL_WORD anywhere exits the server at once, mid-request (a request that crashes its child); one with
-BROKEN_CALL_WORD gets a broken tool call, or a real one when the request forces it.
+BROKEN_CALL_WORD gets a broken tool call, or a real one when the request forces it; a streamed chat request
+with LOOP_WORD gets the same line over and over (a runaway model) until the client closes the connection,
+which it logs (LOOP_STOPPED), or until LOOP_CAP lines.
 
 `--decoy PORT` runs a decoy instead: it answers 200 to everything on PORT and appends each
 request path to the file named by --decoy-log.
@@ -33,6 +35,10 @@ KILL_WORD = "KILL-THE-CHILD"
 # nobody can read (a value that is no JSON), and as a real call when it forces one.
 BROKEN_CALL_WORD = "ANSWER-WITH-A-BROKEN-CALL"
 BROKEN_CALL = "<function name=\"get_weather\" arguments='{\"city\": Paris}'>"
+LOOP_WORD = "ANSWER-IN-A-LOOP"
+LOOP_LINE = "x = x + 1\n"
+LOOP_CAP = 5000  # lines: far past what the daemon's loop guard lets through (loopguard.LOOP_CHARS)
+LOOP_STOPPED = "loop: the client closed the connection"
 PROGRESS_S = 3.0
 T0 = time.monotonic()
 
@@ -116,6 +122,9 @@ class Handler(BaseHTTPRequestHandler):
                                               if message["content"] is None else "stop"}],
                                  "model": body.get("model"), "timings": timings})
             return
+        if body.get("stream") and LOOP_WORD.encode() in raw and self.path == "/v1/chat/completions":
+            self.loop(body)
+            return
         if body.get("stream"):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -132,6 +141,28 @@ class Handler(BaseHTTPRequestHandler):
         self.send_json(200, {"choices": [{"index": 0, "text": "fake", "message": {"role": "assistant",
                                                                                  "content": "fake"}}],
                              "model": body.get("model"), "timings": timings})
+
+    def loop(self, body: dict) -> None:
+        """LOOP_LINE streamed as chat deltas, a line every 2 ms (a fast child), until the client leaves."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        head = {"id": "chatcmpl-loop", "model": body.get("model"), "object": "chat.completion.chunk"}
+
+        def event(delta: dict, finish: str | None = None) -> str:
+            return f'data: {json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **head})}\n\n'
+        sent = 0
+        try:
+            for sent in range(LOOP_CAP):
+                self.chunk(event({"role": "assistant", "content": LOOP_LINE} if sent == 0 else {"content": LOOP_LINE}))
+                time.sleep(0.002)
+            self.chunk(event({}, "length") + "data: [DONE]\n\n")
+            self.chunk("")
+            log(f"loop: all {LOOP_CAP} lines sent")
+        except (BrokenPipeError, ConnectionResetError):
+            log(f"{LOOP_STOPPED} after {sent} lines; generation stopped")
+            self.close_connection = True
 
     def chunk(self, text: str) -> None:
         data = text.encode()

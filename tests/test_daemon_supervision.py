@@ -6,6 +6,7 @@ cases that need one (a crash loop, a busy port, kill -9 of the daemon, start/sto
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,6 +159,51 @@ def test_a_broken_tool_call_is_asked_again_with_the_call_forced(client: TestClie
         "model": "fake-ok", "messages": [{"role": "user", "content": f"hi {BROKEN_CALL_WORD}"}]})
     assert r.json()["choices"][0]["message"]["content"].startswith("<function name=")
     assert client.get("/bostudio/instances/fake-ok/stats").json()["tool_calls_forced"] == st["tool_calls_forced"]
+
+
+def test_a_runaway_answer_is_stopped_and_its_child_stops_generating(client: TestClient) -> None:
+    """The child streams the same line until its client leaves. The daemon's loop guard ends the answer as the
+    output limit would (finish_reason length / Ollama's done_reason length), closes the child's connection (the
+    child logs it), ps counts each, and the model goes on serving."""
+    from bostudio.daemon.http.loopguard import CHECK_EVERY, LOOP_CHARS
+    from tests.fake_llama_server import LOOP_CAP, LOOP_LINE, LOOP_STOPPED, LOOP_WORD
+
+    assert start(client, "fake-ok").status_code in (200, 201)
+    before = client.get("/bostudio/instances/fake-ok/stats").json()
+    # max_tokens keeps the fake's answer to the daemon's prompt count short; its loop ignores it, as a runaway
+    # model under a large limit (the daemon's default: a quarter of the context) runs far past the guard.
+    ask = {"model": "fake-ok", "messages": [{"role": "user", "content": f"count {LOOP_WORD}"}], "stream": True,
+           "max_tokens": 4}
+
+    def stopped_in_log() -> int:
+        lines = client.get("/bostudio/instances/fake-ok/log", params={"lines": 500}).json()["lines"]
+        return sum(LOOP_STOPPED in ln for ln in lines)
+
+    logged = stopped_in_log()
+    with client.stream("POST", "/v1/chat/completions", json=ask) as s:
+        data = [ln[5:].strip() for ln in s.iter_lines() if ln.startswith("data:")]
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert LOOP_CHARS <= len(text) <= LOOP_CHARS + CHECK_EVERY + len(LOOP_LINE) < LOOP_CAP * len(LOOP_LINE)
+    assert set(text.splitlines(keepends=True)) == {LOOP_LINE}
+
+    ollama = {**ask, "options": {"num_predict": 4}}
+    del ollama["max_tokens"]
+    with client.stream("POST", "/api/chat", json=ollama) as s:  # the Ollama face: same relay, same guard
+        lines = [json.loads(ln) for ln in s.iter_lines() if ln.strip()]
+    assert lines[-1]["done"] is True and lines[-1]["done_reason"] == "length"
+    assert LOOP_CHARS <= len("".join(ln["message"]["content"] for ln in lines)) < LOOP_CAP * len(LOOP_LINE)
+
+    st = client.get("/bostudio/instances/fake-ok/stats").json()
+    assert st["runaways_stopped"] == before["runaways_stopped"] + 2
+    deadline = time.monotonic() + HANG_GUARD_S
+    while stopped_in_log() < logged + 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert stopped_in_log() == logged + 2  # the child saw each connection closed, long before LOOP_CAP lines
+    r = client.post("/v1/completions", json={"model": "fake-ok", "prompt": "x", "max_tokens": 3})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "fake"
 
 
 def test_foreign_host_header_and_origin_get_403(client: TestClient) -> None:

@@ -204,6 +204,9 @@ def _print_ps(rows: list[dict]) -> int:
         if st.get("tool_calls_forced"):
             print(f"  tool calls written in a broken form, asked again with the call forced: "
                   f"{st['tool_calls_forced']} (of {st['requests']} requests)")
+        if st.get("runaways_stopped"):
+            print(f"  answers stopped in a loop (ended as the output limit ends them): {st['runaways_stopped']} "
+                  f"(of {st['requests']} requests)")
         retry = r.get("retry")
         if retry:
             when = "" if retry.get("in_s") is None else f" (in {retry['in_s']:.0f} s)"

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 
 from bostudio.catalog.digest import file_digest
 from bostudio.gguf.capabilities import ModelCaps, model_caps
-from bostudio.daemon.http.router import Reject, Router, api_error
+from bostudio.daemon.http.router import Reject, Router, api_error, chained
 from bostudio.daemon.supervise.lifecycle import RESIDENT_STATES
 from bostudio.daemon.supervise.supervisor import Supervisor
 from bostudio.errors import BostudioError, ModelError
@@ -364,8 +364,10 @@ def _generate_routes(api: APIRouter, sup: Supervisor, router: Router) -> None:
         translate = translate_stream if streaming else translate_body
         rescue = router.tool_rescue(inst, path, "openai", translated, streaming, upstream.status_code) \
             if chat else None
+        # The same order as Router.forward: the loop guard on the child's events, the rescue, then Ollama's shape.
         return router.relay(inst, upstream, streaming, "ollama",
-                            transform=(lambda chunks: translate(rescue(chunks))) if rescue else translate,
+                            transform=chained(router.loop_guard(inst, upstream, path, translated, streaming), rescue,
+                                              translate),
                             media_type="application/x-ndjson" if streaming else "application/json",
                             status_code=upstream.status_code)
 

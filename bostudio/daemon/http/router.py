@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from bostudio.gguf.capabilities import GENERATE, model_caps
-from bostudio.daemon.http import overflow, record, toolrescue
+from bostudio.daemon.http import loopguard, overflow, record, toolrescue
 from bostudio.daemon.http.fields import filter_body
 from bostudio.daemon.http.guard import check_request
 from bostudio.daemon.http.normalise import normalise
@@ -118,6 +118,23 @@ def in_band_error(api: str, message: str) -> bytes:
     if api == "ollama":
         return (json.dumps({"error": message}) + "\n").encode()
     return sse({"error": {"message": message, "type": "server_error", "code": 502}}) + b"data: [DONE]\n\n"
+
+
+Transform = Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]]
+
+
+def chained(*transforms: Transform | None) -> Transform | None:
+    """The relay transforms given, the first reading the upstream's chunks and each the one before's output
+    (None ones skipped); None when all are None."""
+    steps = [t for t in transforms if t is not None]
+    if not steps:
+        return None
+
+    def run(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        for step in steps:
+            chunks = step(chunks)
+        return chunks
+    return run
 
 
 class Reject(Exception):
@@ -448,8 +465,30 @@ class Router:
         streaming = body.get("stream") is True
         if upstream.status_code >= 400 and (api == "anthropic" or upstream.status_code == 400):
             return await self.translate_error(inst, upstream, api)
+        # The loop guard reads the child's own events first (loopguard.py says why), the rescue what it passes.
         return self.relay(inst, upstream, streaming, api,
-                          transform=self.tool_rescue(inst, path, api, body, streaming, upstream.status_code))
+                          transform=chained(self.loop_guard(inst, upstream, path, body, streaming),
+                                            self.tool_rescue(inst, path, api, body, streaming, upstream.status_code)))
+
+    def loop_guard(self, inst: Instance, upstream: passthrough.UpstreamResponse, path: str, body: dict,
+                   streaming: bool) -> Transform | None:
+        """The relay transform that stops a streamed 200 answer caught in an exact loop (loopguard.py): it
+        closes `upstream` (the child stops generating) and ends the stream as the output limit does. None for
+        a whole answer, an error, or a route that generates no chat or completion text."""
+        if not streaming or upstream.status_code != 200:
+            return None
+
+        def fired(loop: loopguard.Loop) -> None:
+            inst.stats.runaways_stopped += 1
+            log.warning("%s: the answer to %s repeated %r (a period of %d characters) over its last %d characters; "
+                        "stopped as its output limit would stop it (%d so far)", inst.name, path, loop.unit[:80],
+                        loop.period, loop.chars, inst.stats.runaways_stopped)
+
+        async def close_upstream() -> None:
+            with anyio.CancelScope(shield=True):
+                await upstream.aclose()
+
+        return loopguard.guard(path, str(body.get("model") or ""), fired, close_upstream)
 
     def tool_rescue(self, inst: Instance, path: str, api: str, body: dict, streaming: bool, status: int):
         """The relay transform that makes a near-miss tool call in the answer a real one (toolrescue.py),
@@ -479,7 +518,9 @@ class Router:
                 inst.stats.tool_calls_forced += 1
                 log.info("%s: the answer to %s tried a %s call in a form no rule reads; asked again with the call "
                          "forced (%d so far)", inst.name, path, tool, inst.stats.tool_calls_forced)
-                async for chunk in self.timed_chunks(again, upstream, streaming):
+                source = self.timed_chunks(again, upstream, streaming)
+                guarded = self.loop_guard(again, upstream, path, forced, streaming)
+                async for chunk in (guarded(source) if guarded else source):
                     yield chunk
             finally:
                 with anyio.CancelScope(shield=True):
@@ -515,7 +556,7 @@ class Router:
         return api_error(api, upstream.status_code, message, type_)
 
     def relay(self, inst: Instance, upstream: passthrough.UpstreamResponse, streaming: bool, api: str,
-              transform: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None = None,
+              transform: Transform | None = None,
               media_type: str | None = None, status_code: int | None = None) -> Response:
         """Stream the upstream body to the client (optionally through `transform`, e.g. SSE to
         NDJSON), recording timings; a client disconnect closes the upstream and so cancels it."""
@@ -552,5 +593,5 @@ class Router:
                                  media_type=media_type or upstream.headers.get("content-type"))
 
 
-__all__ = ["Router", "Reject", "api_error", "error_body", "error_response", "api_of", "sse", "in_band_error",
+__all__ = ["Router", "Reject", "chained", "Transform", "api_error", "error_body", "error_response", "api_of", "sse", "in_band_error",
            "SSE_HEADERS", "MAX_BODY", "PARSED_KEY", "until_disconnected"]

@@ -44,6 +44,7 @@ class InstanceStats:
     mean_accepted_length: float | None = None  # 1 + accepted / drafts (from /metrics)
     tool_calls_rescued: int = 0  # answers written as a fenced JSON call, sent as calls (toolrescue.py)
     tool_calls_forced: int = 0  # answers that tried a call in a broken form, asked again with it forced
+    runaways_stopped: int = 0  # streamed answers stopped in an exact loop, ended as the output limit (loopguard.py)
     context_trims: int = 0  # requests over the context sent with earlier turns shortened (http/overflow.py)
     last_prefill: dict | None = None  # the last request's prompt: total, cached, processed, seconds, rate
     long_prefill_tok_s: float | None = None  # the rate of the last prompt of MIN_RATE_PROMPT tokens or more
