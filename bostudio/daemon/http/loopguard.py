@@ -17,8 +17,8 @@ the pinned llama-server writes it:
   `message_delta` with `stop_reason: "max_tokens"`, then `message_stop`;
 - Responses: each open output item done, then `response.completed`, status "completed". llama-server ends
   a Responses stream at its output limit so (tests/data/rescue_streams.json was captured at max_tokens);
-  OpenAI's own `response.incomplete` is not sent, because Codex reads it as a stream error and retries the
-  same request up to five times: five more loops, then a failed turn.
+  OpenAI's own `response.incomplete` is not sent: the pinned Codex (0.171) reads it as an error ("Incomplete
+  response returned, reason: ..." in its binary), where an answer cut at the limit should end the turn.
 The stopped answer's usage is unknown (the child never sent its last event): Anthropic's `output_tokens`
 counts the deltas seen (llama-server sends one per token), the other dialects carry none.
 

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from bostudio.gguf.capabilities import GENERATE, model_caps
 from bostudio.daemon.http import loopguard, overflow, record, toolrescue
+from bostudio.daemon.http.loopguard import Transform
 from bostudio.daemon.http.fields import filter_body
 from bostudio.daemon.http.guard import check_request
 from bostudio.daemon.http.normalise import normalise
@@ -118,9 +119,6 @@ def in_band_error(api: str, message: str) -> bytes:
     if api == "ollama":
         return (json.dumps({"error": message}) + "\n").encode()
     return sse({"error": {"message": message, "type": "server_error", "code": 502}}) + b"data: [DONE]\n\n"
-
-
-Transform = Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]]
 
 
 def chained(*transforms: Transform | None) -> Transform | None:
@@ -593,5 +591,5 @@ class Router:
                                  media_type=media_type or upstream.headers.get("content-type"))
 
 
-__all__ = ["Router", "Reject", "chained", "Transform", "api_error", "error_body", "error_response", "api_of", "sse", "in_band_error",
+__all__ = ["Router", "Reject", "chained", "api_error", "error_body", "error_response", "api_of", "sse", "in_band_error",
            "SSE_HEADERS", "MAX_BODY", "PARSED_KEY", "until_disconnected"]
