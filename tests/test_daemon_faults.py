@@ -177,8 +177,13 @@ def test_daemon_start_status_stop_in_the_background(fake_root: Path, tmp_path: P
     assert info["url"] == f"http://127.0.0.1:{port}"
     daemon_proc = psutil.Process(info["pid"])
     try:
-        again = cli("start", "--port", str(port))  # already running: the same daemon
+        assert info["already_running"] is False
+        # Already running: the same daemon, and the options of this command line (here a recording) are said
+        # not to apply to it; nothing is recorded.
+        again = cli("start", "--port", str(port), "--record", str(tmp_path / "rec"))
         assert again.returncode == 0 and f"(pid {info['pid']})" in again.stdout
+        assert "already running" in again.stdout and "`bostudio daemon stop` first" in again.stdout
+        assert not (tmp_path / "rec").exists()
         r = httpx.post(info["base_url"] + "/completions", json={"model": "fake-ok", "prompt": "x"}, trust_env=False,
                        timeout=30)
         assert r.status_code == 200

@@ -71,9 +71,18 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 def cmd_daemon_start(args: argparse.Namespace) -> int:
     from bostudio.daemon.service import start_background
 
+    from bostudio.daemon import state
+
+    # A daemon that already runs keeps the options it was started with (often by `launch` or `up`, with the
+    # defaults): say so, or `daemon start --record DIR` would seem to record and save nothing.
+    already = state.running()
     rec = start_background(_daemon_options(args), _daemon_args(args))
     if args.json:
-        print_json({"pid": rec.pid, "url": rec.url, "base_url": rec.url + "/v1"})
+        print_json({"pid": rec.pid, "url": rec.url, "base_url": rec.url + "/v1", "already_running": already is not None})
+    elif already is not None:
+        print(f"bostudio daemon already running at {rec.url} (pid {rec.pid}); OpenAI base URL {rec.url}/v1\n"
+              "  it keeps the options it was started with: to start it with this command line's, run "
+              "`bostudio daemon stop` first")
     else:
         print(f"bostudio daemon running at {rec.url} (pid {rec.pid}); OpenAI base URL {rec.url}/v1")
     return 0
@@ -345,7 +354,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_daemon)
     dsub = p.add_subparsers(dest="daemon_command", metavar="ACTION")
     d = dsub.add_parser("start", parents=[common, json_flag()], help="start the daemon in the background",
-                        description="Start the daemon in the background (if none runs) and wait until it answers.")
+                        description="Start the daemon in the background (if none runs) and wait until it answers. A daemon "
+                                    "that already runs keeps the options it was started with: `bostudio daemon stop` "
+                                    "first to change them.")
     d.set_defaults(func=cmd_daemon_start)
     d = dsub.add_parser("stop", help="stop the background daemon and every model it runs",
                         description="SIGTERM the daemon (it stops every llama-server first); SIGKILL after 30 s.")
