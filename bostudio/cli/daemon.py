@@ -78,7 +78,8 @@ def cmd_daemon_start(args: argparse.Namespace) -> int:
     already = state.running()
     rec = start_background(_daemon_options(args), _daemon_args(args))
     if args.json:
-        print_json({"pid": rec.pid, "url": rec.url, "base_url": rec.url + "/v1", "already_running": already is not None})
+        print_json({"pid": rec.pid, "url": rec.url, "base_url": rec.url + "/v1",
+                    "already_running": already is not None})
     elif already is not None:
         print(f"bostudio daemon already running at {rec.url} (pid {rec.pid}); OpenAI base URL {rec.url}/v1\n"
               "  it keeps the options it was started with: to start it with this command line's, run "
@@ -354,9 +355,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_daemon)
     dsub = p.add_subparsers(dest="daemon_command", metavar="ACTION")
     d = dsub.add_parser("start", parents=[common, json_flag()], help="start the daemon in the background",
-                        description="Start the daemon in the background (if none runs) and wait until it answers. A daemon "
-                                    "that already runs keeps the options it was started with: `bostudio daemon stop` "
-                                    "first to change them.")
+                        description="Start the daemon in the background (if none runs) and wait until it "
+                                    "answers. A daemon that already runs keeps the options it was started with: "
+                                    "`bostudio daemon stop` first to change them.")
     d.set_defaults(func=cmd_daemon_start)
     d = dsub.add_parser("stop", help="stop the background daemon and every model it runs",
                         description="SIGTERM the daemon (it stops every llama-server first); SIGKILL after 30 s.")
