@@ -236,6 +236,10 @@ def test_other_answers_stream_through_unchanged(path: str, text: str) -> None:
     assert out == stream and not fired
     got_text, calls, _ = parse_stream(path, out)
     assert got_text == text and calls == []
+    # Several events in one chunk (the loop guard before the rescue passes a chunk's events joined): the
+    # ones after the event that releases the answer go on too.
+    fresh = toolrescue.rescuer(path, api_for(path), body_for(path, {"Write": WRITE}), True, fired.append)
+    assert run(fresh, [stream]) == stream and not fired
 
 
 def test_ordinary_text_is_released_at_its_first_character() -> None:

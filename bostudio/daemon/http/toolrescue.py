@@ -514,7 +514,8 @@ def _stream(dialect: _Dialect, tools: dict[str, dict], fired: Callable[[str], No
                 yield chunk
                 continue
             buf += chunk
-            for ev in _events(buf):
+            events = _events(buf)  # taken off buf: every one goes on, held or released
+            for i, ev in enumerate(events):
                 held.append(ev)
                 data = _data(ev)
                 piece = dialect.text_of(data)
@@ -524,6 +525,7 @@ def _stream(dialect: _Dialect, tools: dict[str, dict], fired: Callable[[str], No
                     or sum(map(len, text)) > MAX_HELD
                 if released:
                     holding = False
+                    held += events[i + 1:]  # the chunk's later events (a transform before may join several)
                     break
             if not holding:  # an ordinary answer: everything so far, then the rest as it comes
                 yield b"".join(held) + bytes(buf)
