@@ -38,6 +38,16 @@ def test_template_choice_by_architecture(arch, template, source, name, fallback,
     assert ("fallback" in c.label) == fallback
 
 
+def test_a_forced_call_opens_with_the_templates_own_call_marker() -> None:
+    """A GGUF's own template whose calls are <tool_call> blocks (Qwen2.5-Coder's) opens a forced call with the
+    marker, as the shipped templates do; another template's format is not guessed at."""
+    hermes = TOOLS_TEMPLATE + "{{- '<tool_call>\\n' + message.content + '\\n</tool_call>' }}"
+    assert choose_template("qwen2", hermes).call_prefill == "<tool_call>\n"
+    assert choose_template("qwen2", hermes).source == "gguf"
+    assert choose_template("llama", TOOLS_TEMPLATE).call_prefill == ""
+    assert choose_template("gemma3", None).call_prefill == "<tool_call>\n"
+
+
 def test_template_argv_is_threaded_through_launchspec() -> None:
     flags = frozenset({"-m", "--alias", "--host", "--port", "-c", "--metrics", "--spec-type", "--jinja",
                        "--no-jinja", "--chat-template", "--chat-template-file"})

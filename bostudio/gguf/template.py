@@ -33,6 +33,11 @@ CHATML_STOPS = ("<|im_end|>", "<|im_start|>")
 # A shipped template's tool-call opening marker: a forced call's assistant turn starts with it
 # (daemon/http/normalise.py), so llama.cpp's grammar leaves the model only the call.
 CALL_PREFILL = {"gemma-tools.jinja": "<tool_call>\n", CHATML_TOOLS: "<tool_call>\n"}
+# A GGUF's own template whose calls are <tool_call> blocks (Hermes, Qwen2.5) gets the same opening: on the pinned
+# llama-server, `tool_choice: required` alone does not force Qwen2.5-Coder's template (its answer stays free
+# text: a fenced block, then prose until the limit), while the turn opened with the marker leaves the model
+# only the call, which the parser reads (measured on the 1.5B, chat and Responses alike).
+HERMES_CALL = "<tool_call>"
 
 # Architectures -> llama.cpp's built-in template name for a GGUF without a template. Only where the
 # architecture implies the chat format; everything else gets ChatML, as llama-server would.
@@ -61,7 +66,7 @@ class TemplateChoice:
     is_fallback: bool = False
     renders_tools: bool = True
     reason: str = ""
-    call_prefill: str = ""  # opens a forced tool call (shipped templates only)
+    call_prefill: str = ""  # opens a forced tool call (shipped templates, and a GGUF's own with <tool_call>)
     stops: tuple[str, ...] = ()  # default stop strings (llama-server --reverse-prompt) for base models
 
     @property
@@ -91,7 +96,7 @@ def choose_template(architecture: str, chat_template: str | None, kind: str = "c
         return TemplateChoice("gguf", renders_tools=False)
     if chat_template:
         if template_renders_tools(chat_template):
-            return TemplateChoice("gguf")
+            return TemplateChoice("gguf", call_prefill=HERMES_CALL + "\n" if HERMES_CALL in chat_template else "")
         # Its own turn format with tools added: Gemma's, or ChatML's.
         shipped = SHIPPED.get(architecture) or (CHATML_TOOLS if "<|im_start|>" in chat_template else None)
         if shipped is None:
