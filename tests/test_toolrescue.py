@@ -317,12 +317,16 @@ def test_forcing_keeps_the_named_tool_alone_and_forces_it_per_dialect() -> None:
         {"type": "function", "function": {"name": n, "parameters": s}} for n, s in TOOLS.items()]}
     forced = toolrescue.forcing("openai", chat, "get_weather")
     assert [t["function"]["name"] for t in forced["tools"]] == ["get_weather"] and forced["tool_choice"] == "required"
-    resp = {"tools": [{"type": "function", "name": n, "parameters": s} for n, s in TOOLS.items()], "input": "hi"}
+    assert forced["parallel_tool_calls"] is False  # one call, as a rescue sends one
+    resp = {"tools": [{"type": "function", "name": n, "parameters": s} for n, s in TOOLS.items()], "input": "hi",
+            "parallel_tool_calls": True}
     forced = toolrescue.forcing("openai", resp, "Write")
     assert [t["name"] for t in forced["tools"]] == ["Write"] and forced["input"] == "hi"
+    assert forced["parallel_tool_calls"] is False and resp["parallel_tool_calls"] is True
     anth = {"tools": [{"name": n, "input_schema": s} for n, s in TOOLS.items()], "tool_choice": {"type": "auto"}}
     forced = toolrescue.forcing("anthropic", anth, "Write")
-    assert [t["name"] for t in forced["tools"]] == ["Write"] and forced["tool_choice"] == {"type": "any"}
+    assert [t["name"] for t in forced["tools"]] == ["Write"]
+    assert forced["tool_choice"] == {"type": "any", "disable_parallel_tool_use": True}
     assert anth["tool_choice"] == {"type": "auto"}  # the client's body is not changed
 
 
@@ -371,3 +375,84 @@ def test_a_whole_broken_answer_is_replaced_too() -> None:
     assert run(transform, [json.dumps(body).encode()]) == forced
     never = toolrescue.rescuer(path, "openai", body_for(path, {"Write": WRITE}), False, lambda _: None, None)
     assert run(never, [json.dumps(body).encode()]) == json.dumps(body).encode()
+
+
+# ------------------------------------------------------------- Anthropic's disable_parallel_tool_use kept
+
+def _calls_stream(n: int) -> bytes:
+    """An Anthropic stream of `n` get_weather calls, shaped as the pinned llama-server writes a forced answer."""
+    def ev(data: dict) -> bytes:
+        return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n".encode()
+    out = [ev({"type": "message_start", "message": {"id": "m1", "type": "message", "role": "assistant", "content": [],
+                                                   "model": "m", "stop_reason": None, "stop_sequence": None,
+                                                   "usage": {"input_tokens": 9, "output_tokens": 0}}})]
+    for i, city in enumerate(["Paris", "London", "Rome"][:n]):
+        out += [ev({"type": "content_block_start", "index": i,
+                    "content_block": {"type": "tool_use", "id": f"c{i}", "name": "get_weather", "input": {}}}),
+                ev({"type": "content_block_delta", "index": i,
+                    "delta": {"type": "input_json_delta", "partial_json": json.dumps({"city": city})}}),
+                ev({"type": "content_block_stop", "index": i})]
+    out += [ev({"type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
+                "usage": {"output_tokens": 60}}), ev({"type": "message_stop"})]
+    return b"".join(out)
+
+
+ONE_CALL = {"tool_choice": {"type": "any", "disable_parallel_tool_use": True}}
+
+
+def test_one_call_ends_an_anthropic_stream_after_its_first_call() -> None:
+    closed = []
+
+    async def close() -> None:
+        closed.append(True)
+    transform = toolrescue.one_call("/v1/messages", ONE_CALL, True, close)
+    out = run(transform, split_odd(_calls_stream(3)))
+    assert closed == [True]  # the child stopped generating
+    text, calls, stop = parse_stream("/v1/messages", out)
+    assert calls == [("get_weather", {"city": "Paris"})] and stop == "tool_use" and text == ""
+    # llama-server closes its blocks only at the end: the call's block is closed by the daemon.
+    late = _calls_stream(3).replace(b'event: content_block_stop\ndata: {"type": "content_block_stop", "index": 0}\n\n',
+                                    b"")
+    assert late != _calls_stream(3)
+    _, calls, stop = parse_stream("/v1/messages", run(transform, [late]))
+    assert calls == [("get_weather", {"city": "Paris"})] and stop == "tool_use"
+    # One call already: the stream is the child's own, end included.
+    closed.clear()
+    one = _calls_stream(1).replace(b'"stop_reason": "max_tokens"', b'"stop_reason": "tool_use"')
+    assert run(transform, split_odd(one)) == one and closed == []
+
+
+def test_one_call_keeps_a_whole_anthropic_answer_to_its_first_call() -> None:
+    async def close() -> None:
+        raise AssertionError("a whole answer has no generation left to stop")
+    whole = {"id": "m1", "type": "message", "role": "assistant", "model": "m", "stop_reason": "max_tokens",
+             "stop_sequence": None, "usage": {"input_tokens": 9, "output_tokens": 60},
+             "content": [{"type": "tool_use", "id": f"c{i}", "name": "get_weather", "input": {"city": c}}
+                         for i, c in enumerate(["Paris", "London"])]}
+    out = run(toolrescue.one_call("/v1/messages", ONE_CALL, False, close), [json.dumps(whole).encode()])
+    msg = client_for("/v1/messages", out, "application/json").messages.create(
+        model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    assert [(b.name, b.input) for b in msg.content] == [("get_weather", {"city": "Paris"})]
+    assert msg.stop_reason == "tool_use"
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/messages", {"tool_choice": {"type": "any"}}),  # parallel calls allowed: the API's default
+    ("/v1/messages", {"tool_choice": {"type": "any", "disable_parallel_tool_use": False}}),
+    ("/v1/messages", {}),
+    ("/v1/chat/completions", ONE_CALL),  # llama-server reads parallel_tool_calls there itself
+])
+def test_one_call_only_where_asked(path: str, body: dict) -> None:
+    async def close() -> None:
+        pass
+    assert toolrescue.one_call(path, body, True, close) is None
+
+
+def test_the_forced_anthropic_retry_asks_for_one_call() -> None:
+    anth = {"tools": [{"name": n, "input_schema": s} for n, s in TOOLS.items()]}
+    forced = toolrescue.forcing("anthropic", anth, "Write")
+    assert forced["tool_choice"] == {"type": "any", "disable_parallel_tool_use": True}
+
+    async def close() -> None:
+        pass
+    assert toolrescue.one_call("/v1/messages", forced, True, close) is not None

@@ -465,8 +465,23 @@ class Router:
             return await self.translate_error(inst, upstream, api)
         # The loop guard reads the child's own events first (loopguard.py says why), the rescue what it passes.
         return self.relay(inst, upstream, streaming, api,
-                          transform=chained(self.loop_guard(inst, upstream, path, body, streaming),
+                          transform=chained(self.one_call(upstream, path, body, streaming),
+                                            self.loop_guard(inst, upstream, path, body, streaming),
                                             self.tool_rescue(inst, path, api, body, streaming, upstream.status_code)))
+
+    @staticmethod
+    def one_call(upstream: passthrough.UpstreamResponse, path: str, body: dict, streaming: bool
+                 ) -> Transform | None:
+        """The relay transform that keeps an Anthropic answer to one call when the request asks so
+        (toolrescue.one_call: llama-server ignores disable_parallel_tool_use); None otherwise."""
+        if upstream.status_code != 200:
+            return None
+
+        async def close_upstream() -> None:
+            with anyio.CancelScope(shield=True):
+                await upstream.aclose()
+
+        return toolrescue.one_call(path, body, streaming, close_upstream)
 
     def loop_guard(self, inst: Instance, upstream: passthrough.UpstreamResponse, path: str, body: dict,
                    streaming: bool) -> Transform | None:
@@ -517,8 +532,9 @@ class Router:
                 log.info("%s: the answer to %s tried a %s call in a form no rule reads; asked again with the call "
                          "forced (%d so far)", inst.name, path, tool, inst.stats.tool_calls_forced)
                 source = self.timed_chunks(again, upstream, streaming)
-                guarded = self.loop_guard(again, upstream, path, forced, streaming)
-                async for chunk in (guarded(source) if guarded else source):
+                steps = chained(self.one_call(upstream, path, forced, streaming),
+                                self.loop_guard(again, upstream, path, forced, streaming))
+                async for chunk in (steps(source) if steps else source):
                     yield chunk
             finally:
                 with anyio.CancelScope(shield=True):

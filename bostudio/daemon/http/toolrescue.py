@@ -37,7 +37,7 @@ import json
 import re
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import jsonschema
@@ -209,10 +209,17 @@ def attempted_tool(text: str, tools: dict[str, dict]) -> str | None:
 
 
 def forcing(api: str, body: dict, tool: str) -> dict:
-    """`body` asking for a call to `tool` alone (its definition only, the dialect's forcing tool_choice):
-    llama-server then writes the call under the grammar of the tool's schema (normalise.py opens it)."""
+    """`body` asking for one call to `tool` alone (its definition only, the dialect's forcing tool_choice, and
+    on the OpenAI dialects no parallel calls): llama-server then writes the call under the grammar of the tool's
+    schema (normalise.py opens it). One call, as a rescued answer sends one: forced with parallel calls allowed,
+    the 1.5B wrote its plan as three (create the file, run it, `rm` it). On Anthropic's route, which llama-server
+    gives no such switch, the daemon ends the answer after its first call (one_call). On the OpenAI routes
+    llama-server reads the switch itself and, on the pinned build, honours it only mostly (a Responses answer whose
+    prompt was cached held eight calls once in six runs): not cut by the daemon yet."""
     tools = [t for t in body.get("tools") or [] if tool_name(t) == tool]
-    return dict(body, tools=tools, tool_choice={"type": "any"} if api == "anthropic" else "required")
+    if api == "anthropic":
+        return dict(body, tools=tools, tool_choice={"type": "any", "disable_parallel_tool_use": True})
+    return dict(body, tools=tools, tool_choice="required", parallel_tool_calls=False)
 
 
 def could_be_call(text: str) -> bool:
@@ -438,6 +445,74 @@ DIALECTS: dict[str, _Dialect] = {"/v1/chat/completions": _OpenAIChat(), "/v1/mes
                                  "/v1/responses": _Responses()}
 
 
+def one_call(path: str, body: dict, streaming: bool, close_upstream: Callable[[], Awaitable[None]]
+             ) -> Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None:
+    """Anthropic's `tool_choice.disable_parallel_tool_use`, which llama-server does not read (tools/server/
+    server-chat.cpp converts only the choice's type): the answer ends after its first tool_use block, with
+    `stop_reason: "tool_use"`. Forced, Qwen2.5-Coder-1.5B otherwise wrote calls until its output limit (nine
+    get_weather calls in 200 tokens). A stream is cut at that block's end, the child's connection closed first
+    so it stops generating (at the next block's start, llama-server closing its blocks only at the end); a whole
+    answer keeps the content up to that block. None for any other request."""
+    choice = body.get("tool_choice")
+    if path != "/v1/messages" or not isinstance(choice, dict) or choice.get("disable_parallel_tool_use") is not True:
+        return None
+
+    async def stream(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        buf = bytearray()
+        open_blocks: list[Any] = []
+        call: Any = None  # the index of the first tool_use block
+        deltas = 0
+
+        def end() -> bytes:
+            return b"".join(_sse({"type": "content_block_stop", "index": i}, "content_block_stop")
+                            for i in open_blocks) \
+                + _sse({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                        "usage": {"output_tokens": deltas}}, "message_delta") + _sse({"type": "message_stop"},
+                                                                                      "message_stop")
+        async for chunk in chunks:
+            buf += chunk
+            out = []
+            for ev in _events(buf):
+                data = _data(ev)
+                kind = data.get("type") if isinstance(data, dict) else None
+                index = data.get("index") if isinstance(data, dict) else None
+                # llama-server closes its blocks only at the end of the answer: the next block's start is
+                # where the first call is known to be whole.
+                if call is not None and kind == "content_block_start":
+                    await close_upstream()
+                    yield b"".join(out) + end()
+                    return
+                out.append(ev)
+                if kind == "content_block_start":
+                    open_blocks.append(index)
+                    if (data.get("content_block") or {}).get("type") == "tool_use":
+                        call = index
+                elif kind == "content_block_stop" and index in open_blocks:
+                    open_blocks.remove(index)
+                elif kind == "content_block_delta":
+                    deltas += 1  # llama-server sends one per token
+            if out:
+                yield b"".join(out)
+        if buf:
+            yield bytes(buf)
+
+    async def whole(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        raw = b"".join([c async for c in chunks])
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None
+        content = data.get("content") if isinstance(data, dict) else None
+        first = next((i for i, b in enumerate(content) if isinstance(b, dict) and b.get("type") == "tool_use"),
+                     None) if isinstance(content, list) else None
+        if first is None or first + 1 == len(content):  # type: ignore[arg-type]
+            yield raw
+            return
+        yield json.dumps(dict(data, content=content[:first + 1], stop_reason="tool_use")).encode()  # type: ignore
+
+    return stream if streaming else whole
+
+
 Regenerate = Callable[[str], AsyncIterator[bytes]]
 
 
@@ -548,5 +623,5 @@ def _stream(dialect: _Dialect, tools: dict[str, dict], fired: Callable[[str], No
     return transform
 
 
-__all__ = ["request_tools", "near_miss_call", "attempted_tool", "forcing", "could_be_call", "rescuer",
+__all__ = ["request_tools", "near_miss_call", "attempted_tool", "forcing", "one_call", "could_be_call", "rescuer",
            "RegenerateFailed", "DIALECTS"]
