@@ -9,7 +9,8 @@ What is asserted is structure, which the grammar guarantees whatever token wins 
 tool offered, with JSON arguments. Exactly one call is asserted where the daemon keeps it to one (Anthropic's
 disable_parallel_tool_use). On the OpenAI dialects llama-server reads `parallel_tool_calls: false` itself, and
 honours it only sometimes: in one run of six the Responses answer, its prompt cached from the chat request
-before it, held eight calls. So those are asserted as calls, not counted."""
+before it, held eight calls, the last cut by the output limit. So those are asserted as calls, not counted, and
+a last call may be cut short."""
 
 from __future__ import annotations
 
@@ -52,8 +53,9 @@ def test_openai_chat_forced_call_on_the_default_models_template(daemon: DaemonPr
                                     parallel_tool_calls=False, max_tokens=LIMIT)
     calls = r.choices[0].message.tool_calls
     assert calls, r.choices[0].message
+    # Every call but a last one the output limit may cut (when parallel_tool_calls was not honoured).
     assert all(c.function.name == "get_weather" and isinstance(json.loads(c.function.arguments).get("city"), str)
-               for c in calls)
+               for c in calls[:max(1, len(calls) - 1)])
 
 
 def test_openai_responses_forced_call_on_the_default_models_template(daemon: DaemonProc) -> None:
@@ -62,7 +64,8 @@ def test_openai_responses_forced_call_on_the_default_models_template(daemon: Dae
                              tool_choice="required", parallel_tool_calls=False, max_output_tokens=LIMIT)
     calls = [o for o in r.output if o.type == "function_call"]
     assert calls, r.output
-    assert all(c.name == "get_weather" and isinstance(json.loads(c.arguments).get("city"), str) for c in calls)
+    assert all(c.name == "get_weather" and isinstance(json.loads(c.arguments).get("city"), str)
+               for c in calls[:max(1, len(calls) - 1)])  # a last one the output limit may cut, as above
 
 
 def test_anthropic_forced_call_on_the_default_models_template(daemon: DaemonProc) -> None:
