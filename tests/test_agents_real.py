@@ -32,9 +32,9 @@ NO_TOOLS = "tiny-no-tools"
 HANG_GUARD_S = 900
 MAX_OUTPUT = 200
 PROMPT_EVAL = re.compile(r"prompt eval time =\s*[\d.]+ ms /\s*(\d+) tokens")
-# A task llama-server took up: printed when it starts, so a task the daemon's loop guard stopped (no timings
-# follow a cancelled task) counts too.
-TASK_STARTED = re.compile(r"new prompt, n_ctx_slot = \d+, n_keep = \d+, task\.n_tokens = (\d+)")
+# A task llama-server took up: printed when it starts (at the default verbosity), so a task the daemon's loop
+# guard stopped (no timings follow a cancelled task) counts too.
+TASK_STARTED = re.compile(r"launch_slot_: id +\d+ \| task \d+ \| processing task")
 WEATHER = {"name": "get_weather", "description": "Get the current weather in a city",
            # bounded, so the grammar-constrained first call always ends within the tests' max_tokens
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
