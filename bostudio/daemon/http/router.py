@@ -9,7 +9,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -133,6 +133,15 @@ def chained(*transforms: Transform | None) -> Transform | None:
             chunks = step(chunks)
         return chunks
     return run
+
+
+def closer(upstream: passthrough.UpstreamResponse) -> Callable[[], Awaitable[None]]:
+    """Closes `upstream` even from a cancelled task: llama-server then stops generating (the relay
+    transforms that end an answer early call it first)."""
+    async def close() -> None:
+        with anyio.CancelScope(shield=True):
+            await upstream.aclose()
+    return close
 
 
 class Reject(Exception):
@@ -477,11 +486,7 @@ class Router:
         if upstream.status_code != 200:
             return None
 
-        async def close_upstream() -> None:
-            with anyio.CancelScope(shield=True):
-                await upstream.aclose()
-
-        return toolrescue.one_call(path, body, streaming, close_upstream)
+        return toolrescue.one_call(path, body, streaming, closer(upstream))
 
     def loop_guard(self, inst: Instance, upstream: passthrough.UpstreamResponse, path: str, body: dict,
                    streaming: bool) -> Transform | None:
@@ -497,11 +502,7 @@ class Router:
                         "stopped as its output limit would stop it (%d so far)", inst.name, path, loop.unit[:80],
                         loop.period, loop.chars, inst.stats.runaways_stopped)
 
-        async def close_upstream() -> None:
-            with anyio.CancelScope(shield=True):
-                await upstream.aclose()
-
-        return loopguard.guard(path, str(body.get("model") or ""), fired, close_upstream)
+        return loopguard.guard(path, str(body.get("model") or ""), fired, closer(upstream))
 
     def tool_rescue(self, inst: Instance, path: str, api: str, body: dict, streaming: bool, status: int):
         """The relay transform that makes a near-miss tool call in the answer a real one (toolrescue.py),
