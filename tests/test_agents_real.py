@@ -25,6 +25,7 @@ import pytest
 from tests import agent_util
 from tests.agent_util import agent_env
 from tests.daemon_util import DaemonProc
+from bostudio.agents.pages import CODEX_SMALL_MODEL_PAGE
 from bostudio.gguf.synth import tiny_llama
 
 GEMMA = "gemma-3-270m-q4_k_m"
@@ -148,6 +149,10 @@ def test_codex_exec(daemon: DaemonProc, tmp_path: Path) -> None:
     tools = {t.get("name") or t.get("type") for t in bodies[-1]["tools"]}
     assert tools == {"exec_command", "write_stdin"}, tools
     assert "<skills_instructions>" not in json.dumps(bodies[-1]["input"])
+    # A model under 4B parameters (this 270M) gets bostudio's short page in place of Codex's own instructions:
+    # the first message Codex sends is that page (agents.instructions_for).
+    first = bodies[0]["input"][0]
+    assert first["role"] == "developer" and first["content"][0]["text"].strip() == CODEX_SMALL_MODEL_PAGE.strip()
 
 
 def test_opencode_run(daemon: DaemonProc, tmp_path: Path) -> None:

@@ -3,10 +3,11 @@ the real Claude Code, Codex and opencode CLIs (pinned, from npm, in .agents/), e
 configured only from `bostudio launch AGENT --print --json`, each asked to create a file and run it. A task
 is done when its file exists and runs: the tests check the file and what it prints, never the agent's words.
 
-Codex rarely finishes on this 1.5B model (3 of 26 runs of `codex exec` on the hello task; the model writes
-its calls in ever new forms, or describes the work instead of doing it: BENCHMARKS.md, "Coding agents on
-this machine"): its test is a measurement of that, as the others are. test_agents_real.py runs Codex on the small fixture for what the
-daemon guarantees it.
+Codex with its own instructions rarely finished on this 1.5B model (3 of 26 runs of `codex exec` on the hello
+task: the model called write_stdin on sessions that did not exist, or tools Codex does not have, or described
+the work); with the short page `launch codex` gives a small model it finished 11 of 18 (BENCHMARKS.md, "Coding
+agents on this machine"): its test gives it three tries. test_agents_real.py runs Codex on the small fixture
+for what the daemon guarantees it.
 
 One session crosses Claude Code's compaction point (a command prints about 6k tokens into a 32k context
 whose own prompt is about 12k): the CLI compacts, no request ends in a 400, and the task after it is done.
@@ -119,17 +120,31 @@ def test_a_claude_code_session_that_crosses_its_context_compacts_and_finishes(
     assert_hello(work, out)
 
 
+CODEX_TRIES = 3
+
+
 def test_codex_creates_a_file_and_runs_it(daemon: DaemonProc, qwen_gguf: Path, tmp_path: Path) -> None:
     """`codex exec` runs in a read-only sandbox unless told otherwise; --full-auto's sandbox needs user
     namespaces that a container may not give, so the test lifts it, as `--dangerously-skip-permissions` does
-    for Claude Code (the agent works in the test's own directory)."""
-    work = tmp_path / "work"
-    work.mkdir()
-    out = run_task(daemon, "codex", qwen_gguf.stem,
-                   ["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", HELLO], work,
-                   tmp_path / "home")
-    assert out.returncode == 0, said(out)
-    assert_hello(work, out)
+    for Claude Code (the agent works in the test's own directory).
+
+    With bostudio's short instructions page Codex finished 11 of 18 runs on this model (session 19), so the
+    test gives it up to CODEX_TRIES whole sessions, each in a fresh directory and HOME, and passes when one
+    finishes; every try's outcome is in the failure message."""
+    outcomes = []
+    for i in range(CODEX_TRIES):
+        work = tmp_path / f"work{i}"
+        work.mkdir()
+        out = run_task(daemon, "codex", qwen_gguf.stem,
+                       ["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", HELLO], work,
+                       tmp_path / f"home{i}")
+        try:
+            assert out.returncode == 0, said(out)
+            assert_hello(work, out)
+            return
+        except AssertionError as e:
+            outcomes.append(f"try {i + 1}: {e}")
+    pytest.fail("\n\n".join(outcomes))
 
 
 def test_opencode_creates_a_file_and_runs_it(daemon: DaemonProc, qwen_gguf: Path, tmp_path: Path) -> None:

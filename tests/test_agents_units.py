@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from bostudio.agents import (CLAUDE_OWN_PROMPT, LOCAL_TIMEOUT_MS, AgentTarget, claude_compacts_at, compaction_notes,
-                             configure, max_output_for)
+from dataclasses import replace
+
+from bostudio.agents import (CLAUDE_OWN_PROMPT, LOCAL_TIMEOUT_MS, SMALL_MODEL_PARAMS, AgentTarget, claude_compacts_at,
+                             compaction_notes, configure, instructions_for, max_output_for)
+from bostudio.agents.pages import CODEX_SMALL_MODEL_PAGE
 from bostudio.gguf.capabilities import ModelCaps
 from bostudio.daemon.http.normalise import normalise, strip_billing_header
 from bostudio.engine.argv import LaunchSpec, build_argv
@@ -161,6 +164,52 @@ def test_codex_gets_a_provider_in_a_codex_home_of_bostudios(tmp_path: Path) -> N
     assert prov["base_url"] == TARGET.url + "/v1" and prov["wire_api"] == "responses"
     assert prov["env_key"] == "BOSTUDIO_API_KEY"
     assert prov["stream_idle_timeout_ms"] == LOCAL_TIMEOUT_MS
+
+
+@pytest.mark.parametrize("agent, n_params, asked, got", [
+    ("codex", 1_540_000_000, "auto", "short"),  # the default model
+    ("codex", 268_000_000, "auto", "short"),  # the Gemma fixture
+    ("codex", SMALL_MODEL_PARAMS, "auto", "own"),
+    ("codex", 30_000_000_000, "auto", "own"),
+    ("codex", None, "auto", "own"),  # a size not known: the agent's own
+    ("codex", 1_540_000_000, "own", "own"),
+    ("codex", 30_000_000_000, "short", "short"),
+    ("claude", 1_540_000_000, "auto", "own"),  # only Codex has a page
+    ("opencode", 1_540_000_000, "short", "own"),
+])
+def test_which_instructions_an_agent_gets(agent, n_params, asked, got) -> None:
+    assert instructions_for(agent, replace(TARGET, n_params=n_params, instructions=asked)) == got
+
+
+def test_codex_on_a_small_model_reads_bostudios_page(tmp_path: Path) -> None:
+    """Codex's model_instructions_file names the page, written beside its config in bostudio's CODEX_HOME;
+    --print says so. A large model's config names none and keeps Codex's own instructions."""
+    small = configure("codex", replace(TARGET, n_params=1_540_000_000), tmp_path)
+    toml = tomllib.loads(small.files[str(tmp_path / "codex" / "config.toml")])
+    assert toml["model_instructions_file"] == str(tmp_path / "codex" / "instructions.md")
+    assert small.files[toml["model_instructions_file"]] == CODEX_SMALL_MODEL_PAGE
+    assert "short instructions page" in small.notes[0]
+    large = configure("codex", replace(TARGET, n_params=30_000_000_000), tmp_path)
+    assert list(large.files) == [str(tmp_path / "codex" / "config.toml")]
+    assert "model_instructions_file" not in tomllib.loads(large.files[str(tmp_path / "codex" / "config.toml")])
+    assert "its own instructions" in large.notes[0]
+
+
+def test_the_codex_page_shows_a_call_the_daemon_reads() -> None:
+    """The page's example calls are fenced json blocks naming exec_command with a `cmd` only: the form the tool
+    rescue turns into a call (a whole answer of one such block), so a model that copies them makes a real call.
+    The schema is Codex 0.171's exec_command, its properties' descriptions left out."""
+    from bostudio.daemon.http.toolrescue import near_miss_call
+
+    props = ("cmd", "justification", "login", "max_output_tokens", "prefix_rule", "sandbox_permissions", "shell",
+             "tty", "workdir", "yield_time_ms")
+    schema = {"type": "object", "required": ["cmd"], "additionalProperties": False,
+              "properties": {k: {"type": "string"} for k in props}}
+    blocks = CODEX_SMALL_MODEL_PAGE.split("```json\n")[1:]
+    assert len(blocks) == 2
+    for block in blocks:
+        call = near_miss_call("```json\n" + block.split("```")[0] + "```", {"exec_command": schema})
+        assert call is not None and call[0] == "exec_command" and list(call[1]) == ["cmd"]
 
 
 def test_opencode_gets_an_openai_compatible_provider(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from bostudio.agents.pages import CODEX_SMALL_MODEL_PAGE
+
 # The versions bostudio is tested with (scripts/setup_agents.sh installs exactly these).
 PINNED = {"claude": ("@anthropic-ai/claude-code", "2.1.332"), "codex": ("@openai/codex", "0.171.0"),
           "opencode": ("opencode-ai", "1.18.33")}
@@ -29,6 +31,8 @@ class AgentTarget:
     model: str
     ctx: int  # the model's real context window, as the daemon runs it
     max_output: int  # the output limit the agent may ask for
+    n_params: int | None = None  # the model's parameter count (None: unknown), for instructions_for
+    instructions: str = "auto"  # auto | short | own (INSTRUCTIONS)
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,11 @@ def compaction_notes(agent: str, target: AgentTarget) -> list[str]:
                          f"more context (--ctx {CLAUDE_OWN_PROMPT + 2_000 + CLAUDE_COMPACT_BUFFER + out} or more).")
         return notes
     if agent == "codex":
-        return [f"Codex compacts at {codex_compact_limit(ctx):,} of {ctx:,} tokens (model_auto_compact_token_limit); "
+        page = (f"Codex gets bostudio's short instructions page in place of its own (a model under "
+                f"{SMALL_MODEL_PARAMS / 1e9:.0f}B parameters; --instructions own keeps Codex's)"
+                if instructions_for(agent, target) == "short" else "Codex keeps its own instructions")
+        return [f"{page}.",
+                f"Codex compacts at {codex_compact_limit(ctx):,} of {ctx:,} tokens (model_auto_compact_token_limit); "
                 f"it sends no output limit, so the daemon gives each request one.",
                 f"Codex keeps your own messages whole through a compaction (up to about {CODEX_KEPT_USER_TOKENS:,} "
                 f"tokens of them): a request that then overflows has the middle of its longest earlier texts "
@@ -103,6 +111,23 @@ def codex_compact_limit(ctx: int) -> int:
 
 def opencode_compact_at(ctx: int, out: int) -> int:
     return ctx - 2 * out
+
+
+# Which instructions an agent gets: its own, or bostudio's short page for a small model (agents.pages; only
+# Codex has one). auto: the page below SMALL_MODEL_PARAMS, measured on the 1.5B (Codex finished 7 of 14 runs
+# with it, 3 of 26 without); a larger model, or one of unknown size, keeps the agent's own.
+INSTRUCTIONS = ("auto", "short", "own")
+SMALL_MODEL_PARAMS = 4_000_000_000
+HAS_SHORT_PAGE = ("codex",)
+
+
+def instructions_for(agent: str, target: AgentTarget) -> str:
+    """`short` (bostudio's page) or `own` (the agent's), for `agent` on `target`."""
+    if agent not in HAS_SHORT_PAGE or target.instructions == "own":
+        return "own"
+    if target.instructions == "short":
+        return "short"
+    return "short" if target.n_params is not None and target.n_params < SMALL_MODEL_PARAMS else "own"
 
 
 def _key(target: AgentTarget) -> str:
@@ -158,9 +183,12 @@ def codex_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
     """Codex: a CODEX_HOME owned by bostudio with a `bostudio` provider speaking the Responses API. (Codex
     0.171 ignores `model_max_output_tokens` and sends no output limit.)"""
     home = config_dir / "codex"
+    page = home / "instructions.md"
+    short = instructions_for("codex", target) == "short"
     toml = "\n".join([
         "# Written by `bostudio launch codex`; regenerated on every launch.",
         'model_provider = "bostudio"',
+        *([f"model_instructions_file = {json.dumps(str(page))}"] if short else []),
         f"model = {json.dumps(target.model)}",
         f"model_context_window = {target.ctx}",
         f"model_auto_compact_token_limit = {codex_compact_limit(target.ctx)}",
@@ -189,7 +217,7 @@ def codex_config(target: AgentTarget, config_dir: Path) -> AgentConfig:
     pkg, ver = PINNED["codex"]
     return AgentConfig("codex", BINARIES["codex"], f"{pkg}@{ver}",
                        {**COMMON_ENV, "CODEX_HOME": str(home), "BOSTUDIO_API_KEY": _key(target)},
-                       {str(home / "config.toml"): toml})
+                       {str(home / "config.toml"): toml, **({str(page): CODEX_SMALL_MODEL_PAGE} if short else {})})
 
 
 def opencode_config(target: AgentTarget, config_dir: Path) -> AgentConfig:

@@ -27,7 +27,8 @@ def agent_config_dir() -> Path:
 
 
 def prepare(agent: str, model: str | None, ctx: int | None = None, host: str = "127.0.0.1",
-            port: int | None = None, max_output: int | None = None) -> tuple[AgentConfig, dict]:
+            port: int | None = None, max_output: int | None = None,
+            instructions: str = "auto") -> tuple[AgentConfig, dict]:
     """Daemon up, model loaded, the agent's configuration; returns it and the instance."""
     from bostudio.daemon import DEFAULT_PORT
     from bostudio.daemon.client import DaemonClient
@@ -50,7 +51,8 @@ def prepare(agent: str, model: str | None, ctx: int | None = None, host: str = "
                 inst = client.restart(model)
     n_ctx = int(inst["ctx"])
     out = max(16, min(max_output, n_ctx // 2)) if max_output else max_output_for(n_ctx)
-    target = AgentTarget(rec.url, read_token(), inst["model"], n_ctx, out)
+    target = AgentTarget(rec.url, read_token(), inst["model"], n_ctx, out,
+                         n_params=(inst.get("plan") or {}).get("n_params"), instructions=instructions)
     return configure(agent, target, agent_config_dir()), inst
 
 

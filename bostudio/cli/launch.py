@@ -8,7 +8,7 @@ import shlex
 import shutil
 import sys
 
-from bostudio.agents import AGENTS, BINARIES, PINNED
+from bostudio.agents import AGENTS, BINARIES, INSTRUCTIONS, PINNED, SMALL_MODEL_PARAMS
 from bostudio.cli.options import add_ctx
 
 LAUNCH_HELP = (
@@ -28,6 +28,10 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-output", type=int, default=None, metavar="N",
                    help="the output limit the agent asks for (default: an eighth of the context, at most 32768; the agent "
                         "compacts below the context less this)")
+    p.add_argument("--instructions", choices=INSTRUCTIONS, default=None,
+                   help=f"the agent's instructions (Codex only): own = Codex's; short = bostudio's short page, "
+                        f"written for small local models; auto (default) = short for a model under "
+                        f"{SMALL_MODEL_PARAMS / 1e9:.0f}B parameters")
     p.add_argument("--port", type=int, default=None, help="the daemon's port, when it has to be started")
     p.add_argument("--print", dest="print_only", action="store_true",
                    help="show the configuration (environment, files, command) instead of running the agent")
@@ -51,7 +55,7 @@ def split_rest(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     p.add_argument("model", nargs="?")
     _options(p)
     parsed = p.parse_args(head)
-    for k in ("ctx", "port", "max_output"):
+    for k in ("ctx", "port", "max_output", "instructions"):
         if getattr(parsed, k) is not None:
             setattr(args, k, getattr(parsed, k))
     args.print_only = args.print_only or parsed.print_only
@@ -68,7 +72,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         pkg, ver = PINNED[args.agent]
         raise BostudioError(f"{BINARIES[args.agent]} is not installed (bostudio launches it, it does not install "
                             f"it)", f"install it with: npm install -g {pkg}@{ver}")
-    cfg, inst = prepare(args.agent, model, ctx=args.ctx, port=args.port, max_output=args.max_output)
+    cfg, inst = prepare(args.agent, model, ctx=args.ctx, port=args.port, max_output=args.max_output,
+                        instructions=args.instructions or "auto")
     if args.print_only:
         data = dict(cfg.to_json(), model=inst["model"], ctx=inst["ctx"],
                     command=[cfg.binary, *cfg.args, *user_args])

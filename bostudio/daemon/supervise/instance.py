@@ -167,7 +167,7 @@ class Instance:
             return {}
         planned = d.plan
         return {"bytes": d.bytes, "weights_bytes": d.inputs.info.file_size, "ctx": d.ctx, "ctx_asked": self.cfg.ctx,
-                "n_ctx_train": d.inputs.info.n_ctx_train,
+                "n_ctx_train": d.inputs.info.n_ctx_train, "n_params": d.inputs.info.n_params,
                 "cache_type": self.cfg.cache_type, "layout": d.layout.to_json(),
                 "kind": self.kind, "prompt_cache_bytes": planned.chosen.component_bytes(PROMPT_CACHE),
                 "budget_bytes": self.budget_bytes, "why": planned.why,
