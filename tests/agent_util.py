@@ -22,8 +22,10 @@ def launch_print(daemon: DaemonProc, agent: str, model: str, *options: str) -> d
     return json.loads(out.stdout)
 
 
-def agent_env(cfg: dict, home: Path) -> dict[str, str]:
-    """A fresh HOME, the agents' bin dir on PATH, the launcher's environment and files, nothing else."""
+def agent_env(cfg: dict, home: Path, work: Path) -> dict[str, str]:
+    """A fresh HOME, the agents' bin dir on PATH, the launcher's environment and files, nothing else. PWD is
+    the directory the agent runs in, as a shell sets it: opencode takes its project directory from PWD, and
+    with the test runner's PWD it told the model to work in the checkout (hello.py written there)."""
     home.mkdir(parents=True, exist_ok=True)
     for path, content in cfg["files"].items():
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -31,7 +33,7 @@ def agent_env(cfg: dict, home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CODEX_", "OPENCODE"))}
     env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), XDG_DATA_HOME=str(home / ".local/share"),
                XDG_CACHE_HOME=str(home / ".cache"), XDG_STATE_HOME=str(home / ".local/state"),
-               PATH=f"{AGENT_BIN}:{env.get('PATH', '')}", IS_SANDBOX="1", CI="1", NO_COLOR="1")
+               PATH=f"{AGENT_BIN}:{env.get('PATH', '')}", IS_SANDBOX="1", CI="1", NO_COLOR="1", PWD=str(work))
     env.update(cfg["env"])
     return env
 

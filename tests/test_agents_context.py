@@ -82,7 +82,7 @@ def last_turn(conversation: str) -> str:
 
 def run_agent(daemon: DaemonProc, agent: str, argv: list[str], home: Path, work: Path) -> subprocess.CompletedProcess:
     cfg = launch_print(daemon, agent, GEMMA, "--max-output", str(MAX_OUTPUT))
-    return subprocess.run([cfg["binary"], *argv], env=agent_env(cfg, home), cwd=work, capture_output=True,
+    return subprocess.run([cfg["binary"], *argv], env=agent_env(cfg, home, work), cwd=work, capture_output=True,
                           text=True, timeout=HANG_GUARD_S, stdin=subprocess.DEVNULL)
 
 

@@ -83,7 +83,7 @@ def run_agent(daemon: DaemonProc, agent: str, argv: list[str], home: Path,
     errors = daemon.instance(GEMMA)["stats"]["errors"]
     work = home / "work"
     work.mkdir(parents=True, exist_ok=True)
-    out = subprocess.run([cfg["binary"], *argv], env=agent_env(cfg, home), cwd=work, capture_output=True,
+    out = subprocess.run([cfg["binary"], *argv], env=agent_env(cfg, home, work), cwd=work, capture_output=True,
                          text=True, timeout=HANG_GUARD_S, stdin=subprocess.DEVNULL)
     log = child_log(daemon)
     # The daemon may relaunch the child at an idle moment (auto's acceptance check), and the new child's log

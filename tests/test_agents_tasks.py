@@ -51,8 +51,8 @@ def run_task(daemon: DaemonProc, agent: str, model: str, argv: list[str], work: 
     """The agent run as a user runs it, in `work`; the daemon must fail none of its requests."""
     cfg = launch_print(daemon, agent, model)
     errors = daemon.instance(model)["stats"]["errors"]
-    out = subprocess.run([cfg["binary"], *argv], env=agent_env(cfg, home), cwd=work, capture_output=True, text=True,
-                         timeout=HANG_GUARD_S, stdin=subprocess.DEVNULL)
+    out = subprocess.run([cfg["binary"], *argv], env=agent_env(cfg, home, work), cwd=work, capture_output=True,
+                         text=True, timeout=HANG_GUARD_S, stdin=subprocess.DEVNULL)
     assert daemon.instance(model)["stats"]["errors"] == errors, "the daemon failed a request"
     return out
 

@@ -307,3 +307,23 @@ def test_easy_assistant_inputs_of_the_responses_api_get_their_type() -> None:
     assert "type" not in body["input"][1]  # the client's body is not changed in place
     assert normalise("/v1/chat/completions", {"messages": body["input"]}) is None
     assert normalise("/v1/responses", {"input": "plain text"}) is None
+
+
+def test_the_agent_runs_with_pwd_its_own_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """opencode takes its project directory from PWD: a stale one (a script that changed directory without
+    a shell) made the model write into another directory. launch gives the agent PWD = where it runs; a PWD
+    that already names it (a symlinked path, as the shell keeps it) is left as it is."""
+    from bostudio.agents import AgentConfig, run as agent_run
+
+    seen: list[dict] = []
+    monkeypatch.setattr(agent_run.os, "execvpe", lambda binary, argv, env: seen.append(env))
+    cfg = AgentConfig("opencode", "sh", "opencode-ai@1", {"X": "1"})
+    work, link = tmp_path / "work", tmp_path / "link"
+    work.mkdir()
+    link.symlink_to(work)
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("PWD", str(tmp_path))
+    agent_run.exec_agent(cfg, [])
+    monkeypatch.setenv("PWD", str(link))
+    agent_run.exec_agent(cfg, [])
+    assert [e["PWD"] for e in seen] == [str(work), str(link)] and seen[0]["X"] == "1"

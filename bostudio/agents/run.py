@@ -94,7 +94,10 @@ def exec_agent(cfg: AgentConfig, user_args: list[str]) -> None:
     """Replace this process with the agent, its configuration in the environment."""
     binary = find_binary(cfg)
     write_files(cfg)
-    os.execvpe(binary, [binary, *cfg.args, *user_args], {**os.environ, **cfg.env})
+    env = {**os.environ, **cfg.env}
+    if Path(env.get("PWD", "")).resolve() != Path.cwd().resolve():
+        env["PWD"] = os.getcwd()  # opencode takes its project directory from PWD: never a stale one
+    os.execvpe(binary, [binary, *cfg.args, *user_args], env)
 
 
 __all__ = ["prepare", "write_files", "exec_agent", "find_binary", "agent_config_dir", "first_turn_note",
