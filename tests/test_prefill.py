@@ -170,15 +170,25 @@ def test_ps_prints_a_prompt_in_progress_under_its_model(capsys: pytest.CaptureFi
     assert lines[2] == "  prefill 4,096/11,712 tokens (35%), 48 tok/s, ~2m38s left"
 
 
-@pytest.mark.parametrize("agent, inst, parts", [
-    ("claude", {"model": "m", "stats": {"long_prefill_tok_s": 60.0}},
-     ["Claude Code's first request", "about 12k tokens", "60 tok/s", "~3m15s", "bostudio ps --watch"]),
-    ("codex", {"model": "m", "stats": {}}, ["Codex's first request", "thousands of tokens", "can take minutes"]),
-    ("claude", {"model": "m\x1b[2J", "stats": {"long_prefill_tok_s": 60.0}, "prompts": {"restored_tokens": 11000}},
+@pytest.mark.parametrize("agent, n_params, inst, parts", [
+    ("claude", None, {"model": "m", "stats": {"long_prefill_tok_s": 60.0}},
+     ["Claude Code's first request", "about 11.7k tokens", "60 tok/s", "~3m15s", "bostudio ps --watch"]),
+    # Codex's own instructions: not measured on this tokenizer
+    ("codex", 30_000_000_000, {"model": "m", "stats": {}},
+     ["Codex's first request", "thousands of tokens", "can take minutes"]),
+    # a small model: bostudio's short page, about 1.2k tokens with Codex's tools
+    ("codex", 1_540_000_000, {"model": "m", "stats": {"long_prefill_tok_s": 40.0}},
+     ["Codex's first request", "about 1.2k tokens", "40 tok/s", "~29s"]),
+    ("claude", None,
+     {"model": "m\x1b[2J", "stats": {"long_prefill_tok_s": 60.0}, "prompts": {"restored_tokens": 11000}},
      ["m\\x1b[2J", "11,000 prompt tokens restored"]),
 ])
-def test_launch_says_the_first_turn_is_slow_and_where_to_watch_it(agent: str, inst: dict, parts: list[str]) -> None:
-    note = first_turn_note(agent, inst)
+def test_launch_says_the_first_turn_is_slow_and_where_to_watch_it(tmp_path, agent: str, n_params: int | None,
+                                                                  inst: dict, parts: list[str]) -> None:
+    from bostudio.agents import AgentTarget, configure
+
+    cfg = configure(agent, AgentTarget("http://x", None, "m", 32768, 4096, n_params=n_params), tmp_path)
+    note = first_turn_note(cfg, inst)
     for part in parts:
         assert part in note
     assert "\x1b" not in note
@@ -214,7 +224,7 @@ def test_launch_prints_the_note_on_stderr_before_it_hands_over_to_the_agent(monk
     from bostudio.cli.launch import cmd_launch
 
     order: list[str] = []
-    cfg = AgentConfig("claude", "claude", "@anthropic-ai/claude-code@2.1.332", {})
+    cfg = AgentConfig("claude", "claude", "@anthropic-ai/claude-code@2.1.332", {}, first_turn_tokens=11_712)
     inst = {"model": "m", "ctx": 32768, "stats": {"long_prefill_tok_s": 50.0}}
     monkeypatch.setattr("shutil.which", lambda name: f"/bin/{name}")
     monkeypatch.setattr(agent_run, "prepare", lambda *a, **kw: (cfg, inst))
@@ -222,4 +232,4 @@ def test_launch_prints_the_note_on_stderr_before_it_hands_over_to_the_agent(monk
     cmd_launch(parse_args(build_parser(), ["launch", "claude", "--", "-p", "hi"]))
     captured = capsys.readouterr()
     assert order == ["exec ['-p', 'hi']"] and captured.out == ""  # stdout stays the agent's
-    assert captured.err.strip() == first_turn_note("claude", inst) and "~3m54s" in captured.err
+    assert captured.err.strip() == first_turn_note(cfg, inst) and "~3m54s" in captured.err

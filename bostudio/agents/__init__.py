@@ -44,6 +44,7 @@ class AgentConfig:
     files: dict[str, str] = field(default_factory=dict)  # absolute path -> content (bostudio-owned)
     args: tuple[str, ...] = ()  # argv after the binary, before the user's arguments
     notes: tuple[str, ...] = ()  # how the agent stays inside the model's context (compaction_notes)
+    first_turn_tokens: int | None = None  # its first request's prompt, where measured (first_turn_tokens)
 
     def to_json(self) -> dict:
         return {"agent": self.agent, "binary": self.binary, "npm_package": self.npm_package,
@@ -64,6 +65,8 @@ def max_output_for(ctx: int) -> int:
 # 32,768 window and a 4,000 output limit it compacted between 12k and 18k reported tokens; its code: 13,000).
 CLAUDE_COMPACT_BUFFER = 13_000
 CLAUDE_OWN_PROMPT = 11_712  # its system prompt and tool schemas: 2.1.332 on Qwen2.5's tokenizer (measured)
+# Codex 0.171's first request with bostudio's short page and launch's tool set, on Qwen2.5's tokenizer (measured)
+CODEX_PAGE_PROMPT = 1_168
 
 
 def claude_compacts_at(ctx: int, max_output: int) -> int:
@@ -252,9 +255,19 @@ CONFIGURE = {"claude": claude_config, "codex": codex_config, "opencode": opencod
 AGENTS = tuple(CONFIGURE)
 
 
+def first_turn_tokens(agent: str, target: AgentTarget) -> int | None:
+    """The prompt of the agent's first request (its instructions and tools), where it was measured."""
+    if agent == "claude":
+        return CLAUDE_OWN_PROMPT
+    if agent == "codex" and instructions_for(agent, target) == "short":
+        return CODEX_PAGE_PROMPT
+    return None
+
+
 def configure(agent: str, target: AgentTarget, config_dir: Path) -> AgentConfig:
     """The configuration for `agent` (claude | codex | opencode). Raises KeyError for another name."""
-    return replace(CONFIGURE[agent](target, config_dir), notes=tuple(compaction_notes(agent, target)))
+    return replace(CONFIGURE[agent](target, config_dir), notes=tuple(compaction_notes(agent, target)),
+                   first_turn_tokens=first_turn_tokens(agent, target))
 
 
 __all__ = ["AgentTarget", "AgentConfig", "AGENTS", "PINNED", "BINARIES", "LOCAL_TIMEOUT_MS", "configure",

@@ -9,15 +9,13 @@ import shutil
 from pathlib import Path
 
 from bostudio import paths
-from bostudio.agents import CLAUDE_OWN_PROMPT, AgentConfig, AgentTarget, configure, max_output_for
+from bostudio.agents import AgentConfig, AgentTarget, configure, max_output_for
 from bostudio.catalog.embedded import DEFAULT_NAME
 from bostudio.display import escape_terminal, human_duration
 from bostudio.errors import BostudioError
 from bostudio.files import write_private
 
 DEFAULT_MODEL = DEFAULT_NAME  # the embedded default (bostudio.catalog.embedded)
-# The prompt of an agent's first request (system prompt and tool definitions), where it was measured.
-FIRST_TURN_TOKENS = {"claude": CLAUDE_OWN_PROMPT}
 AGENT_NAMES = {"claude": "Claude Code", "codex": "Codex", "opencode": "opencode"}
 
 
@@ -56,13 +54,13 @@ def prepare(agent: str, model: str | None, ctx: int | None = None, host: str = "
     return configure(agent, target, agent_config_dir()), inst
 
 
-def first_turn_note(agent: str, inst: dict) -> str:
+def first_turn_note(cfg: AgentConfig, inst: dict) -> str:
     """What `launch` tells the user before it hands the terminal to the agent: the first request is a long
     prompt that takes a while on a CPU (estimated from the model's last long prefill when there is one),
     later ones reuse its cached prefix, and where to watch the progress."""
-    name = AGENT_NAMES.get(agent, agent)
-    tokens = FIRST_TURN_TOKENS.get(agent)
-    size = f"about {tokens / 1000:.0f}k tokens" if tokens else "thousands of tokens"
+    name = AGENT_NAMES.get(cfg.agent, cfg.agent)
+    tokens = cfg.first_turn_tokens
+    size = f"about {tokens / 1000:.1f}k tokens" if tokens else "thousands of tokens"
     rate = (inst.get("stats") or {}).get("long_prefill_tok_s")
     if rate and tokens:
         took = f"at the {rate:.0f} tok/s {inst['model']} last processed a prompt, that is ~{human_duration(tokens / rate)}"

@@ -93,6 +93,6 @@ def cmd_launch(args: argparse.Namespace) -> int:
     for note in cfg.notes:
         if note.startswith("!"):  # a context too small for the agent: say so before it starts
             print(f"bostudio: {note[2:]}", file=sys.stderr)
-    print(first_turn_note(args.agent, inst), file=sys.stderr, flush=True)  # the slow first turn, and where to watch it
+    print(first_turn_note(cfg, inst), file=sys.stderr, flush=True)  # the slow first turn, and where to watch it
     exec_agent(cfg, user_args)
     return 0  # not reached: exec replaces this process
