@@ -117,7 +117,7 @@ def opencode_compact_at(ctx: int, out: int) -> int:
 
 
 # Which instructions an agent gets: its own, or bostudio's short page for a small model (agents.pages; only
-# Codex has one). auto: the page below SMALL_MODEL_PARAMS, measured on the 1.5B (Codex finished 7 of 14 runs
+# Codex has one). auto: the page below SMALL_MODEL_PARAMS, measured on the 1.5B (Codex finished 11 of 18 runs
 # with it, 3 of 26 without); a larger model, or one of unknown size, keeps the agent's own.
 INSTRUCTIONS = ("auto", "short", "own")
 SMALL_MODEL_PARAMS = 4_000_000_000
