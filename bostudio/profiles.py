@@ -74,10 +74,10 @@ MIN_PAIRED = 2  # one paired sample has no spread: its interval is the sample it
 def beats_off(low: float, samples: int, floor: float = MIN_NOISE) -> bool:
     """A paired speed-up beyond the measured spread and the noise floor: at least MIN_PAIRED paired samples
     (one has no spread to be beyond: tune on whole sessions chose ngram-map-k from one pass at 1.23x of off,
-    and it then ran 1% slower than off over 6 sessions), and the lower end of its median's confidence
-    interval (tune.median_interval; with fewer than 5 samples, the smallest) more than MIN_NOISE above 1.
-    The whole interval, not only the median: tune chose ngram-mod on two session passes at 1.05x and 1.03x
-    (median 1.04x, interval 1.01-1.05x), and it then ran 0.5% and 3.2% slower than off on 6 sessions.
+    and it then ran 1% slower than off over 6 sessions), and the lower end of its speed-up's confidence
+    interval (tune.total_interval; with fewer than 5 samples, the smallest ratio) more than MIN_NOISE above 1.
+    The whole interval, not only the speed-up: tune chose ngram-mod on two session passes at 1.05x and 1.03x
+    (1.04x, interval 1.01-1.05x), and it then ran 0.5% and 3.2% slower than off on 6 sessions.
     `floor` is MIN_NOISE unless a figure holds less of the servers' own noise (tune_sessions.session_floor)."""
     return samples >= MIN_PAIRED and low > 1.0 + floor
 
@@ -88,14 +88,14 @@ class Measured:
 
     label: str
     speculator: dict  # speculator_to_json
-    tok_s: float  # median decode tok/s
-    speedup: float  # median of the paired ratios against off
+    tok_s: float  # decode tok/s over its prompts (tokens over time; medians in profiles before 2026-12-07)
+    speedup: float  # paired speed-up against off (tune.Tally.speedup)
     speedup_min: float
     speedup_max: float
     acceptance: float | None
     accept_len: float | None
     samples: int
-    speedup_low: float = 0.0  # the lower end of the median speed-up's confidence interval (tune.median_interval)
+    speedup_low: float = 0.0  # the lower end of the speed-up's confidence interval (tune.total_interval)
     refused: str = ""  # why tune's choice rule refused it ('' for the chosen one, and in older profiles)
 
     def lost_text(self, chosen: "Measured | None") -> str:
@@ -104,7 +104,7 @@ class Measured:
         loss = 1.0 - self.speedup / ref if ref > 0 else 0.0
         if loss > 0:
             return f"{self.speedup:.2f}x of off, {100 * loss:.0f}% slower than {name}"
-        return f"{self.speedup:.2f}x of off, {100 * -loss:.0f}% faster than {name} by its median"
+        return f"{self.speedup:.2f}x of off, {100 * -loss:.0f}% faster than {name} on its prompts"
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class Profile:
     workload: str
     chosen: Measured | None  # None: speculation off (nothing beat the baseline beyond the spread)
     baseline_tok_s: float
-    noise: float  # the chosen (or best) configuration's interval half-width, relative to its median
+    noise: float  # the chosen (or best) configuration's interval half-width, relative to its speed-up
     why: str
     break_even_acceptance: float | None
     by_kind: dict[str, Measured] = field(default_factory=dict)  # the best configuration of each kind

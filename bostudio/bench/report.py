@@ -24,7 +24,7 @@ def table(rows: Sequence[Row], projection: Projection) -> str:
         last = (r.workload, r.ctx)
         spread = f"{r.tok_s_min:.1f}-{r.tok_s_max:.1f}"
         paired = f"{_f(r.speedup_min, '.2f')}-{_f(r.speedup_max, '.2f')}" if r.speedup is not None else "-"
-        lines.append(f"{r.workload:<10} {_f(r.ctx, 'd'):>6} {r.config[:24]:<24} {r.tok_s_median:7.1f} {spread:>13} "
+        lines.append(f"{r.workload:<10} {_f(r.ctx, 'd'):>6} {r.config[:24]:<24} {r.tok_s_total:7.1f} {spread:>13} "
                      f"{_f(r.speedup, '.2f') + ('x' if r.speedup is not None else ''):>8} {paired:>15} "
                      f"{_f(r.acceptance and 100 * r.acceptance, '.0f') + ('%' if r.acceptance is not None else ''):>7} "
                      f"{_f(r.accept_len, '.2f'):>7} {_f(r.prompt_tok_s, '.0f'):>10} "
@@ -61,10 +61,10 @@ def plot(rows: Sequence[Row], out: Path, title: str) -> Path:
     if sweep:
         ax = next(ax_iter)
         for cfg in dict.fromkeys(r.config for r in sweep):
-            pts = sorted((r.ctx, r.tok_s_median) for r in sweep if r.config == cfg)
+            pts = sorted((r.ctx, r.tok_s_total) for r in sweep if r.config == cfg)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=cfg)
         ax.set_xlabel("context (tokens)")
-        ax.set_ylabel("decode tok/s (median)")
+        ax.set_ylabel("decode tok/s (tokens over time)")
         ax.set_title("tok/s against context")
         ax.legend(fontsize=7)
     for w in workloads:

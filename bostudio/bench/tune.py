@@ -8,18 +8,20 @@ launches llama-server through `runner.Bench`, one candidate at a time beside a b
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bostudio.bench.measure import OFF, Sample, accept_length
+from bostudio.bench.measure import OFF, Sample, accept_length, paired_total, total_rate
 from bostudio.profiles import (MIN_NOISE, MIN_PAIRED, Measured, ModelIdentity, Profile, beats_off, engine_identity,
                                save_profile, speculator_to_json)
 from bostudio.speculation import Speculator
 
-CONFIDENCE = 0.9  # of the interval around a candidate's median paired speed-up
+CONFIDENCE = 0.9  # of the interval around a candidate's paired speed-up
+RESAMPLES = 2000  # bootstrap resamples of the paired prompts (total_interval)
 # Tune's prompts start here, far from the variants `bench` uses (run number + 31 x task), so that a bench after
 # a tune measures the chosen configuration on prompts the choice did not see.
 TUNE_VARIANT = 1000
@@ -97,16 +99,22 @@ class Tally:
         return [s.tok_s / b.tok_s for s, b in zip(self.samples, self.baseline) if b.tok_s > 0]
 
     @property
+    def pairs(self) -> list[tuple[Sample, Sample]]:
+        return list(zip(self.samples, self.baseline))
+
+    @property
     def speedup(self) -> float:
-        return statistics.median(self.ratios) if self.ratios else 0.0
+        """Its tokens over its time against off's on the same prompts (measure.paired_total): the time a user
+        waits on the workload, not the median prompt's ratio."""
+        return paired_total(self.pairs)
 
     @property
     def tok_s(self) -> float:
-        return statistics.median(s.tok_s for s in self.samples) if self.samples else 0.0
+        return total_rate(self.samples)
 
     @property
     def interval(self) -> tuple[float, float]:
-        return median_interval(self.ratios)
+        return total_interval(self.pairs)
 
     @property
     def decode_ratios(self) -> list[float]:
@@ -124,26 +132,62 @@ class Tally:
                         self.interval[0])
 
 
-def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """A distribution-free confidence interval for the median: the order statistics x(k) and x(n+1-k)
-    with the largest k whose coverage, 1 - 2 P(Binomial(n, 1/2) < k), still reaches `confidence`; the
-    whole range when there are too few samples for that (fewer than 5 at 90%)."""
-    xs = sorted(values)
-    n = len(xs)
-    if not n:
+def total_interval(pairs: Sequence[tuple[Sample, Sample]], decode: bool = False,
+                   confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """A confidence interval for paired_total: with TRUSTED_SAMPLES or more pairs, the expanded percentile
+    interval of RESAMPLES bootstrap resamples of the pairs (seeded: the same pairs give the same interval
+    anywhere); with fewer, the range of the per-pair ratios (too few to resample). The plain percentile
+    interval is too narrow on few pairs (on 7 pairs at 0.95-1.15x it gave 1.00-1.08x, where Student's t gives
+    0.99-1.09x); its half-widths are widened by sqrt(n / (n - 1)) t(n - 1) / z (Hesterberg, "What teachers
+    should know about the bootstrap", 2015)."""
+    both = [(c, b) for c, b in pairs if c.tok_s > 0 and b.tok_s > 0 and c.predicted > 0 and b.predicted > 0]
+    if not both:
         return 0.0, 0.0
-    k = 1
-    for j in range(2, n // 2 + 1):
-        if 1 - 2 * sum(math.comb(n, i) for i in range(j)) / 2 ** n < confidence:
-            break
-        k = j
-    return xs[k - 1], xs[n - k]
+    rate = (lambda x: x.decode_rate) if decode else (lambda x: x.tok_s)
+    ratios = [rate(c) / rate(b) for c, b in both]
+    if len(both) < TRUSTED_SAMPLES:
+        return min(ratios), max(ratios)
+    # each pair as (candidate tokens, candidate seconds, baseline tokens, baseline seconds)
+    rows = [(c.predicted, c.predicted / rate(c), b.predicted, b.predicted / rate(b)) for c, b in both]
+    low, high = _bootstrap(tuple(rows), confidence)
+    mid = paired_total(both, decode)
+    n = len(both)
+    tail = 1.0 - (1.0 - confidence) / 2
+    widen = math.sqrt(n / (n - 1)) * t_quantile(tail, n - 1) / statistics.NormalDist().inv_cdf(tail)
+    return mid - widen * (mid - low), mid + widen * (high - mid)
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile by its Cornish-Fisher expansion in the normal quantile (within 0.1% of the table
+    from 4 degrees of freedom: t(0.95, 6) = 1.943)."""
+    z = statistics.NormalDist().inv_cdf(p)
+    v = float(df)
+    return (z + (z ** 3 + z) / (4 * v) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * v ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * v ** 3))
+
+
+def _bootstrap(rows: tuple[tuple[float, float, float, float], ...], confidence: float) -> tuple[float, float]:
+    rng = random.Random(len(rows))
+    n = len(rows)
+    out = []
+    for _ in range(RESAMPLES):
+        ct = cs = bt = bs = 0.0
+        for i in rng.choices(range(n), k=n):
+            r = rows[i]
+            ct += r[0]
+            cs += r[1]
+            bt += r[2]
+            bs += r[3]
+        out.append((ct / cs) / (bt / bs))
+    out.sort()
+    tail = (1.0 - confidence) / 2
+    return out[int(tail * RESAMPLES)], out[min(RESAMPLES - 1, int((1.0 - tail) * RESAMPLES))]
 
 
 def halve(tallies: list[Tally]) -> list[Tally]:
-    """Successive halving: keep the better half by median tok/s (at least one). The survivors of a round have
-    run the same prompts, so their tok/s compare like for like, and it is the figure `bench` ranks by (its
-    speed-up is the ratio of the medians)."""
+    """Successive halving: keep the better half by tok/s over their prompts (at least one). The survivors of a
+    round have run the same prompts, so their tok/s compare like for like, and it is the figure `bench` ranks
+    by (measure.total_rate)."""
     ranked = sorted(tallies, key=lambda t: t.tok_s, reverse=True)
     return ranked[:max(1, (len(ranked) + 1) // 2)]
 
@@ -185,18 +229,19 @@ def round_one_admits(costs: Sequence[float], next_cost: float, per_round: int, e
 
 def ranking(tallies: Sequence[Tally]) -> list[Tally]:
     """The sweep's order: the candidates that went furthest first (they ran the most prompts, the same ones),
-    each group by median tok/s."""
+    each group by tok/s over their prompts."""
     return sorted((t for t in tallies if t.samples), key=lambda t: (len(t.samples), t.tok_s), reverse=True)
 
 
-# With at least this many paired samples the interval is a real 90% interval of the median (median_interval);
-# with fewer it is only their range, and the noise floor must be cleared by its lower end (beats_off).
+# With at least this many paired samples the interval is a bootstrap 90% interval of the paired speed-up
+# (total_interval); with fewer it is only their range, and the noise floor must be cleared by its lower end
+# (beats_off).
 TRUSTED_SAMPLES = 5
-# A configuration that no paired prompt found slower than off beyond the noise floor, whose median gain is
-# beyond twice that floor, with at least this many pairs, is chosen on that alone (weigh): on edit work some
-# prompts give n-gram speculation nothing to copy and run at 1.00x while the rest run 1.6-1.8x, and the
-# median's interval then reaches 1.00 however many prompts run, so the interval rule refused a configuration
-# that never lost (the 1.5B's edit tune: median 1.66x over 3 prompts, one at 1.00x: off).
+# A configuration that no paired prompt found slower than off beyond the noise floor, whose gain is beyond
+# twice that floor, with at least this many pairs, is chosen on that alone (weigh): on edit work some prompts
+# give n-gram speculation nothing to copy and run at 1.00x while the rest run 1.6-1.8x, and an interval then
+# reaches 1.00 on few prompts, so the interval rule refused a configuration that never lost (the 1.5B's edit
+# tune: 1.66x over 3 prompts, one at 1.00x: off).
 CLEAR_WIN_PAIRS = 3
 
 
@@ -206,7 +251,7 @@ class Verdict:
 
     label: str
     chosen: bool
-    speedup: float  # median paired speed-up against off
+    speedup: float  # paired speed-up against off (Tally.speedup)
     low: float  # lower end of its interval
     high: float
     score: float  # expected gain less measured risk (see weigh)
@@ -220,7 +265,7 @@ class Verdict:
 @dataclass(frozen=True)
 class Choice:
     chosen: Tally | None  # None: off
-    noise: float  # the half-width of the best candidate's interval, relative to its median speed-up
+    noise: float  # the half-width of the best candidate's interval, relative to its speed-up
     why: str
     verdicts: tuple[Verdict, ...] = ()  # every measured configuration, what the rule made of it
 
@@ -230,32 +275,33 @@ class Choice:
 
 def clear_win(t: Tally, floor: float) -> bool:
     """Never slower and clearly faster: CLEAR_WIN_PAIRS or more pairs, none of them (nor of their decode
-    ratios) below 1 - floor, and a median beyond 1 + 2 floor in both. A session tune's two passes at 1.05x and
-    1.03x, which then ran slower than off, stay refused (1.04x is inside twice the 3% floor)."""
+    ratios) below 1 - floor, and a speed-up beyond 1 + 2 floor in both. A session tune's three passes at 1.05x,
+    1.03x and 1.04x, which then ran slower than off, stay refused (1.04x is inside twice the 3% floor)."""
     ratios, decode = t.ratios, t.decode_ratios
     if len(ratios) < CLEAR_WIN_PAIRS or len(decode) < CLEAR_WIN_PAIRS:
         return False
     return (min(ratios) >= 1.0 - floor and min(decode) >= 1.0 - floor
-            and statistics.median(ratios) > 1.0 + 2 * floor and statistics.median(decode) > 1.0 + 2 * floor)
+            and t.speedup > 1.0 + 2 * floor and paired_total(t.pairs, decode=True) > 1.0 + 2 * floor)
 
 
 def risk_of(low: float, floor: float) -> float:
-    """The measured risk of a configuration whose median's interval reaches down to `low`: how far it reaches
+    """The measured risk of a configuration whose interval reaches down to `low`: how far it reaches
     into the noise band (1 + floor), with the part below off counted twice, once as noise and once as a
     loss."""
     return max(0.0, 1.0 + floor - low) + max(0.0, 1.0 - low)
 
 
 def weigh(t: Tally, floor: float) -> tuple[float, str]:
-    """(score, why refused or ''). The expected gain is the median speed-up over off; the measured risk is
-    `risk_of` its interval's lower end. With TRUSTED_SAMPLES or more pairs the interval is a real 90% interval
-    of the median, and a configuration is chosen when its gain outweighs that risk: a 1.20x median over an
-    interval of 1.01-1.43x is not refused for missing the 3% floor by 2 points, nor one over 0.97-1.66x (risk
-    9%: Gemma's code tune refused that ngram-mod for reaching 0.97x, and auto then ran off, 24% below the best
-    static configuration), while 1.05x over 0.95-1.15x (risk 13%) is. With fewer pairs the interval is only
-    their range: its lower end must clear the floor (beats_off). Either way, a clear win (clear_win: no pair
-    slower than off beyond the floor, the median beyond twice it) is chosen. Never chosen: nothing accepted, a
-    gain that does not outweigh its risk, a decode no faster than off's (weighed alike)."""
+    """(score, why refused or ''). The expected gain is the paired speed-up over off, the workload's tokens
+    over its time (Tally.speedup); the measured risk is `risk_of` its interval's lower end. With
+    TRUSTED_SAMPLES or more pairs the interval is a bootstrap 90% interval (total_interval), and a
+    configuration is chosen when its gain outweighs that risk: 1.20x over an interval of 1.01-1.43x is not
+    refused for missing the 3% floor by 2 points, nor 1.20x over 0.97-1.66x (risk 9%: Gemma's code tune refused
+    that ngram-mod for reaching 0.97x, and auto then ran off, 24% below the best static configuration), while
+    1.05x over 0.95-1.15x (risk 13%) is. With fewer pairs the interval is only their range: its lower end must
+    clear the floor (beats_off). Either way, a clear win (clear_win: no pair slower than off beyond the floor,
+    the speed-up beyond twice it) is chosen. Never chosen: nothing accepted, a gain that does not outweigh its
+    risk, a decode no faster than off's (weighed alike)."""
     n = len(t.ratios)
     low = t.interval[0]
     gain = t.speedup - 1.0
@@ -266,14 +312,14 @@ def weigh(t: Tally, floor: float) -> tuple[float, str]:
     if clear_win(t, floor):
         return score, ""
     decode = t.decode_ratios
-    decode_low, decode_high = median_interval(decode)
+    decode_low, decode_high = total_interval(t.pairs, decode=True)
     if n >= TRUSTED_SAMPLES:
         if score <= 0:
             weighed = (f"its gain ({100 * gain:.1f}%) does not outweigh the risk ({100 * risk:.1f}%: its "
                        f"interval's lower end against the {100 * floor:.2g}% noise floor)")
             return score, (f"its interval reaches {low:.2f}x, not above off, and {weighed}" if low <= 1.0
                            else weighed)
-        decode_score = statistics.median(decode) - 1.0 - risk_of(decode_low, floor) if decode else score
+        decode_score = paired_total(t.pairs, decode=True) - 1.0 - risk_of(decode_low, floor) if decode else score
         if decode_score <= 0:
             return score, (f"its decode did not run faster than off's beyond the risk ({decode_low:.2f}-"
                            f"{decode_high:.2f}x), so the edge is not speculation's")
@@ -343,7 +389,7 @@ def choose_config(tallies: Sequence[Tally], floor_of: Callable[[Tally], float] |
     low, high = best.interval
     noise = max(floor, (high - low) / 2 / best.speedup) if best.speedup > 0 else floor
     acc = f", acceptance {100 * m.acceptance:.0f}%" if m.acceptance is not None else ""
-    spread = (f"{100 * CONFIDENCE:.0f}% interval of the median {low:.2f}-{high:.2f}x over "
+    spread = (f"{100 * CONFIDENCE:.0f}% interval {low:.2f}-{high:.2f}x over "
               f"{len(best.ratios)} paired prompt(s)")
     if chosen is not None:
         over = (f"; preferred to {top.candidate.label} ({top.speedup:.2f}x), a tuned variant within the noise"
@@ -463,7 +509,7 @@ def run_tune(model_path: Path, engine, workload: str, tasks, budget_s: float, to
                 break
             alive = halve(measured_this_round)
     choice = choose_config(pool)
-    base_med = statistics.median(baseline_tok) if baseline_tok else 0.0
+    base_med = total_rate(s for t in pool for s in t.baseline)
     chosen = choice.chosen.measured() if choice.chosen else None
     ident = ModelIdentity.of(model_path)
     profile = Profile(ident.name, ident.size, ident.mtime, engine_identity(engine), workload, chosen, base_med,

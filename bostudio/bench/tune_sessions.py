@@ -233,10 +233,10 @@ def run_tune_sessions(model_path: Path, engine, workload: str, budget_s: float, 
                     record(t, [x for x in turns if x.session == s.name])
                 costs.append((time.monotonic() - t0) / n)
                 measured.append(t)
-                # this pass's ratio and the median of the candidate's passes (a 1.03x median can be the
-                # screen's 1.042x and a confirming 1.009x)
+                # this pass's ratio and the candidate's passes together (1.03x can be the screen's 1.042x and
+                # a confirming 1.009x)
                 progress(f"  {t.candidate.label}: session {(t.ratios or [0.0])[-1]:.3f}x of off on this pass, "
-                         f"{t.speedup:.3f}x the median of its {len(t.ratios)} "
+                         f"{t.speedup:.3f}x over its {len(t.ratios)} "
                          f"({time.monotonic() - started:.0f}/{budget_s:.0f} s)")
             alive = survivors(measured)
     share = statistics.median(shares) if shares else 1.0

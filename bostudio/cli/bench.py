@@ -141,7 +141,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     for r in out:
         p = r.profile
         print(f"workload {p.workload}: {p.why}")
-        print(f"  baseline (off): {p.baseline_tok_s:.1f} tok/s median over {len(r.baseline)} paired runs; "
+        print(f"  baseline (off): {p.baseline_tok_s:.1f} tok/s over {len(r.baseline)} paired runs; "
               f"the best's interval +/-{100 * p.noise:.0f}%; {r.rounds} round(s) in {r.elapsed_s:.0f} s")
         for t in ranking(r.tallies):
             m = t.measured()
@@ -169,8 +169,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        help="measure speculation side by side: tok/s, speed-up, acceptance",
                        description="Run the same prompts with speculation off and with each speculator, on the "
                                    "same engine in one run, interleaved (A B A B), fresh prompts each run. Per "
-                                   "configuration: decode tok/s (median, min-max), speed-up against off with the "
-                                   "spread of the paired ratios, acceptance (accepted/drafted), mean accepted "
+                                   "configuration: decode tok/s (its tokens over its decode time, summed over the "
+                                   "prompts; each request's min-max), speed-up against off on the same prompts "
+                                   "(the time a user waits) with the spread of the paired ratios, acceptance (accepted/drafted), mean accepted "
                                    "length (tokens per target forward), prompt tok/s. --ctx adds a context "
                                    "sweep filled with real code. Progress goes to stderr.")
     p.add_argument("--workload", action="append", default=None, metavar="W",
@@ -219,11 +220,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                    "draft n_max 1-8 and p_min, MTP n_max, n-gram + draft) by successive halving "
                                    "(each round one prompt per task of the workload, doubling; whole rounds only) "
                                    "within --budget-s, each candidate paired with off on the same prompts. Picks "
-                                   "the best measured gain for its risk (the risk: how far the 90% interval of its "
-                                   "median paired speed-up reaches below 1.03, the part below 1 counted twice); "
+                                   "the best measured gain for its risk (the gain: its tokens over its time against "
+                                   "off's on the same prompts; the risk: how far that speed-up's 90% interval "
+                                   "reaches below 1.03, the part below 1 counted twice); "
                                    "a tuned variant only when it beats the types at their defaults by more than "
                                    "3%; off when no gain outweighs its risk and nothing won clearly (3+ pairs, "
-                                   "none slower than off beyond the 3% floor, the median beyond twice it). "
+                                   "none slower than off beyond the 3% floor, the speed-up beyond twice it). "
                                    "Saves a profile per "
                                    "(model file, engine commit + backend, "
                                    "workload) under $XDG_STATE_HOME/bostudio/profiles that `up --workload W` and "

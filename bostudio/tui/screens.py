@@ -775,7 +775,7 @@ class BenchScreen(BaseScreen):
         lines = [f"[b]{safe(data.get('model', '?'))}[/b] on {safe(data.get('engine', '?'))}, {data.get('runs')} run(s)"]
         for r in rows:
             sp = r.get("speedup")
-            lines.append(f"  {safe(r.get('workload'))} {safe(r.get('config'))}: {_n(r.get('tok_s_median'))} tok/s"
+            lines.append(f"  {safe(r.get('workload'))} {safe(r.get('config'))}: {_n(r.get('tok_s_total') or r.get('tok_s_median'))} tok/s"
                          + (f", x{sp:.2f} ({_n(r.get('speedup_min'), '.2f')}-{_n(r.get('speedup_max'), '.2f')})"
                             if isinstance(sp, (int, float)) else "")
                          + (f", acceptance {pct(r.get('acceptance'))}" if r.get("acceptance") is not None else ""))
@@ -792,8 +792,9 @@ class BenchScreen(BaseScreen):
         plt.clear_figure()
         workloads = list(dict.fromkeys(str(r.get("workload")) for r in rows))
         configs = list(dict.fromkeys(str(r.get("config")) for r in rows))
-        values = {(str(r.get("workload")), str(r.get("config"))): float(r.get("tok_s_median") or 0) for r in rows}
+        values = {(str(r.get("workload")), str(r.get("config"))):
+                  float(r.get("tok_s_total") or r.get("tok_s_median") or 0) for r in rows}
         plt.multiple_bar(workloads, [[values.get((w, c), 0.0) for w in workloads] for c in configs],
                          labels=[plain(c) for c in configs])
-        plt.title("decode tok/s (median)")
+        plt.title("decode tok/s (tokens over time)")
         chart.refresh()
