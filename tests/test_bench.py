@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,17 @@ def tuned(gemma_gguf: Path, engine, tmp_path_factory) -> dict:
                           capture_output=True, text=True, env=_env(tmp), timeout=BENCH_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {"out": json.loads(proc.stdout)[0], "tmp": tmp, "stderr": proc.stderr}
+
+
+def test_tune_keeps_each_candidates_server_from_its_first_round_to_its_last(tuned) -> None:
+    # as the daemon's server lives through a workload: ngram-mod's hash pool is shared by every request a
+    # server sees, and a fresh server each round measured it on an empty pool
+    starts = re.findall(r"^tune: starting llama-server for (.+?) \(log: ", tuned["stderr"], re.M)
+    assert starts and len(starts) == len(set(starts)), starts
+    sweep = tuned["out"]["sweep"]
+    assert {m["label"] for m in sweep} | {"off"} == set(starts)
+    if tuned["out"]["rounds"] >= 2:  # a candidate ran in several rounds, on the one server
+        assert max(m["samples"] for m in sweep) > min(m["samples"] for m in sweep)
 
 
 def test_tune_picks_the_best_of_its_own_sweep_or_off(tuned) -> None:
