@@ -199,6 +199,17 @@ def test_round_prompts_weighs_every_task_and_stays_in_the_budget(round_no, costs
     assert round_prompts(round_no, 3, costs, left) == expected
 
 
+@pytest.mark.parametrize("round_no,costs,left,expected", [
+    (1, None, 0.0, 3),             # one task (edit, chat): three prompts in round 1, not one
+    (2, [2.0, 2.0], 1000.0, 6),
+    (2, [2.0, 2.0], 21.0, 5),      # what fits, whole sets of one
+    (3, [2.0, 2.0], 3.0, 0),
+])
+def test_round_one_runs_three_prompts_whatever_the_tasks(round_no, costs, left, expected) -> None:
+    assert round_prompts(round_no, 1, costs, left) == expected
+    assert round_prompts(1, 2, None, 0.0) == 4  # two tasks: two whole sets
+
+
 @pytest.mark.parametrize("costs,next_cost,elapsed,budget,admits", [
     ([], 18.0, 10.0, 300.0, True),                 # the first two run when they fit at all
     ([18.0], 18.0, 28.0, 300.0, True),

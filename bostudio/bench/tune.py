@@ -192,13 +192,21 @@ def halve(tallies: list[Tally]) -> list[Tally]:
     return ranked[:max(1, (len(ranked) + 1) // 2)]
 
 
+# Round 1 runs at least this many prompts per candidate, in whole sets of the workload's tasks: the halving
+# after it decides which half goes on, and one prompt decides nothing. Edit and chat have one task each, and
+# on one prompt per candidate Gemma's edit tune dropped ngram-simple (which bench then measured the fastest,
+# 1.71x of off over 15 prompts) at 1.30x and kept ngram-mod 12/8/32 (1.31x on bench).
+FIRST_ROUND_PROMPTS = 3
+
+
 def round_prompts(round_no: int, n_tasks: int, pair_costs: Sequence[float] | None, left_s: float) -> int:
-    """How many prompts each survivor runs in round `round_no` (1-based): one per task of the workload,
-    doubling every round (successive halving), so that each round weighs every task alike; when the whole
-    round does not fit in `left_s` at the survivors' measured cost per prompt pair, as many whole sets of
-    tasks as fit; 0 when not even one set fits (the sweep stops there, never halfway through a round).
-    `pair_costs` is None before anything was measured (round 1 always runs)."""
-    want = n_tasks * 2 ** (round_no - 1)
+    """How many prompts each survivor runs in round `round_no` (1-based): whole sets of one prompt per task
+    of the workload, at least FIRST_ROUND_PROMPTS in round 1, doubling every round (successive halving), so
+    that each round weighs every task alike; when the whole round does not fit in `left_s` at the survivors'
+    measured cost per prompt pair, as many whole sets of tasks as fit; 0 when not even one set fits (the
+    sweep stops there, never halfway through a round). `pair_costs` is None before anything was measured
+    (round 1 always runs)."""
+    want = n_tasks * math.ceil(FIRST_ROUND_PROMPTS / n_tasks) * 2 ** (round_no - 1)
     if pair_costs is None:
         return want
     per_prompt = sum(pair_costs)
