@@ -218,7 +218,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        help="find the speculator and parameters that pay for a model and workload",
                        description="Sweep the available speculators and their parameters (n-gram types and sizes, "
                                    "draft n_max 1-8 and p_min, MTP n_max, n-gram + draft) by successive halving "
-                                   "(each round one prompt per task of the workload, doubling; whole rounds only) "
+                                   "(each round whole sets of one prompt per task of the workload, at least 3 prompts in "
+                                   "round 1, doubling; whole rounds only) "
                                    "within --budget-s, each candidate paired with off on the same prompts. Picks "
                                    "the best measured gain for its risk (the gain: its tokens over its time against "
                                    "off's on the same prompts; the risk: how far that speed-up's 90% interval "
