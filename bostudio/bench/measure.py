@@ -60,10 +60,15 @@ def total_rate(samples: Iterable[Sample], decode: bool = False) -> float:
     return tokens / seconds if seconds > 0 else 0.0
 
 
+def both_ran(pairs: Iterable[tuple[Sample, Sample]]) -> list[tuple[Sample, Sample]]:
+    """The (candidate, baseline) pairs in which both sides decoded something."""
+    return [(c, b) for c, b in pairs if c.tok_s > 0 and b.tok_s > 0 and c.predicted > 0 and b.predicted > 0]
+
+
 def paired_total(pairs: Sequence[tuple[Sample, Sample]], decode: bool = False) -> float:
     """The speed-up of (candidate, baseline) pairs on the same prompts: the candidate's total_rate over the
-    baseline's, both over the pairs where both ran. 0 when no pair did."""
-    both = [(c, b) for c, b in pairs if c.tok_s > 0 and b.tok_s > 0 and c.predicted > 0 and b.predicted > 0]
+    baseline's, both over the pairs where both ran (both_ran). 0 when no pair did."""
+    both = both_ran(pairs)
     base = total_rate((b for _, b in both), decode)
     return total_rate((c for c, _ in both), decode) / base if base > 0 else 0.0
 

@@ -13,9 +13,10 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 
-from bostudio.bench.measure import OFF, Sample, accept_length, paired_total, total_rate
+from bostudio.bench.measure import OFF, Sample, accept_length, both_ran, paired_total, total_rate
 from bostudio.profiles import (MIN_NOISE, MIN_PAIRED, Measured, ModelIdentity, Profile, beats_off, engine_identity,
                                save_profile, speculator_to_json)
 from bostudio.speculation import Speculator
@@ -140,7 +141,7 @@ def total_interval(pairs: Sequence[tuple[Sample, Sample]], decode: bool = False,
     interval is too narrow on few pairs (on 7 pairs at 0.95-1.15x it gave 1.00-1.08x, where Student's t gives
     0.99-1.09x); its half-widths are widened by sqrt(n / (n - 1)) t(n - 1) / z (Hesterberg, "What teachers
     should know about the bootstrap", 2015)."""
-    both = [(c, b) for c, b in pairs if c.tok_s > 0 and b.tok_s > 0 and c.predicted > 0 and b.predicted > 0]
+    both = both_ran(pairs)
     if not both:
         return 0.0, 0.0
     rate = (lambda x: x.decode_rate) if decode else (lambda x: x.tok_s)
@@ -166,6 +167,7 @@ def t_quantile(p: float, df: int) -> float:
             + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * v ** 3))
 
 
+@lru_cache(maxsize=256)  # weigh, the verdicts and the profile read one tally's interval several times
 def _bootstrap(rows: tuple[tuple[float, float, float, float], ...], confidence: float) -> tuple[float, float]:
     rng = random.Random(len(rows))
     n = len(rows)
