@@ -219,7 +219,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        description="Sweep the available speculators and their parameters (n-gram types and sizes, "
                                    "draft n_max 1-8 and p_min, MTP n_max, n-gram + draft) by successive halving "
                                    "(each round whole sets of one prompt per task of the workload, at least 3 prompts in "
-                                   "round 1, doubling; whole rounds only) "
+                                   "round 1, doubling; the better half by speed-up over off goes on; whole rounds only) "
                                    "within --budget-s, each candidate paired with off on the same prompts. Picks "
                                    "the best measured gain for its risk (the gain: its tokens over its time against "
                                    "off's on the same prompts; the risk: how far that speed-up's 90% interval "
