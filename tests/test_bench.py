@@ -142,8 +142,9 @@ def test_tune_picks_the_best_of_its_own_sweep_or_off(tuned) -> None:
         beaten = [m for m in finalists if m["refused"] == "a finalist with less gain for its risk"]
         assert all(score(m) <= score(c) + 1e-9 for m in beaten), (c, beaten)
         assert p["break_even_acceptance"] is None or 0 <= p["break_even_acceptance"] <= 1
-    # paired with off on the same prompts: as many baseline samples as candidate samples
-    assert len(out["baseline_tok_s"]) == sum(m["samples"] for m in sweep)
+    # paired with off on the same prompts, off running each prompt once for every candidate that runs it: as
+    # many runs of off as the finalists ran prompts (every prompt of the sweep reached them)
+    assert len(out["baseline_tok_s"]) == most
     assert "tune: round 1:" in tuned["stderr"]
     # the profile keeps the sweep's order: the furthest first, each group by speed-up over off (as halving keeps)
     ranked = sorted(sweep, key=lambda m: (m["samples"], m["speedup"]), reverse=True)

@@ -231,6 +231,13 @@ def test_round_one_keeps_time_for_round_two(costs, next_cost, elapsed, budget, a
     assert round_one_admits(costs, next_cost, 1, elapsed, budget) is admits
 
 
+def test_round_one_counts_offs_runs_of_round_two_once() -> None:
+    # off runs each of round 2's prompts once, for all four survivors: 8 measured at 9 s a prompt by 214 s,
+    # then 2 prompts x (4 x 9 s + off's 9 s) = 90 s: 304 s, past 300; without off's share it would fit
+    assert round_one_admits([9.0] * 7, 9.0, 1, 205.0, 300.0) is True
+    assert round_one_admits([9.0] * 7, 9.0, 1, 205.0, 300.0, off_cost=9.0) is False
+
+
 def test_ranking_puts_the_furthest_candidates_first_then_by_tok_s() -> None:
     final_slow = tally("final-slow", [(45, 40)] * 4)
     final_fast = tally("final-fast", [(50, 40)] * 4)

@@ -186,6 +186,10 @@ def _bootstrap(rows: tuple[tuple[float, float, float, float], ...], confidence: 
     return out[int(tail * RESAMPLES)], out[min(RESAMPLES - 1, int((1.0 - tail) * RESAMPLES))]
 
 
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
 def halve(tallies: list[Tally]) -> list[Tally]:
     """Successive halving: keep the better half by their speed-up over off on the same prompts (Tally.speedup,
     the figure the choice reads; at least one). The survivors of a round ran the same prompts, but one after
@@ -209,8 +213,9 @@ def round_prompts(round_no: int, n_tasks: int, pair_costs: Sequence[float] | Non
     of the workload, at least FIRST_ROUND_PROMPTS in round 1, doubling every round (successive halving), so
     that each round weighs every task alike; when the whole round does not fit in `left_s` at the survivors'
     measured cost per prompt pair, as many whole sets of tasks as fit; 0 when not even one set fits (the
-    sweep stops there, never halfway through a round). `pair_costs` is None before anything was measured
-    (round 1 always runs)."""
+    sweep stops there, never halfway through a round). `pair_costs`: the seconds one prompt costs each
+    runner of the round (off, once per prompt, and each survivor); None before anything was measured (round 1
+    always runs)."""
     want = n_tasks * math.ceil(FIRST_ROUND_PROMPTS / n_tasks) * 2 ** (round_no - 1)
     if pair_costs is None:
         return want
@@ -225,18 +230,19 @@ def round_prompts(round_no: int, n_tasks: int, pair_costs: Sequence[float] | Non
 
 
 def round_one_admits(costs: Sequence[float], next_cost: float, per_round: int, elapsed_s: float,
-                     budget_s: float) -> bool:
+                     budget_s: float, off_cost: float = 0.0) -> bool:
     """Whether round 1 measures one more candidate. One prompt pair per candidate is too few to choose by
     (MIN_PAIRED): the better half must still run round 2 (twice the prompts each, about as long as round 1)
     within the budget, so round 1 takes only as many candidates as leave that room; the candidates come in
     the order `candidates` lists them (llama.cpp's defaults first). The first two only need to fit
-    themselves. `costs`: seconds per prompt pair of the candidates measured so far in round 1."""
+    themselves. `costs`: seconds per prompt of the candidates measured so far in round 1 (their own runs);
+    `off_cost`: seconds per prompt of off, which runs round 2's prompts once for all its candidates."""
     own = elapsed_s + next_cost * per_round
     k = len(costs) + 1
     if k <= 2:
         return own <= budget_s
     average = (sum(costs) + next_cost) / k
-    round_two = (k + 1) // 2 * 2 * per_round * average
+    round_two = ((k + 1) // 2 * average + off_cost) * 2 * per_round
     return own + round_two <= budget_s
 
 
@@ -453,10 +459,20 @@ class TuneResult:
     elapsed_s: float
 
 
+def _timed(bench, workload: str, pid: int, prompt: str, tokens: int) -> tuple[Sample, float]:  # type: ignore[no-untyped-def]
+    """One run of `prompt` on `bench`'s server: its sample and the seconds it took, end to end."""
+    t0 = time.monotonic()
+    return bench.round(workload, None, pid, prompt, tokens, lambda *_: None)[0], time.monotonic() - t0
+
+
 def run_tune(model_path: Path, engine, workload: str, tasks, budget_s: float, tokens: int | None,  # type: ignore[no-untyped-def]
              draft: Path | None, progress: Callable[[str], None]) -> TuneResult:
     """Successive halving within `budget_s`: every survivor of a round runs the same fresh prompts, one per
-    task of the workload (then twice as many each round), each paired with the baseline on the same prompt;
+    task of the workload (then twice as many each round), each paired with the baseline on the same prompt.
+    Off runs each prompt once, beside the first candidate that runs it, and every candidate that runs the
+    prompt is paired with that run, as bench pairs its configurations with one run of off per prompt: a
+    separate off run per candidate spent half the sweep on off (on Gemma's edit tune, 600 s left the three
+    finalists 11 prompts each, and the same prompts decided, on a workload whose prompts run 0.7-2.5x);
     the better half goes on, until one is left (it runs one more round against off, which narrows the
     interval the off-or-not rule reads) or the next round does not fit in the budget. Saves and returns the
     profile.
@@ -474,7 +490,9 @@ def run_tune(model_path: Path, engine, workload: str, tasks, budget_s: float, to
     started = time.monotonic()
     ctx = 4096
     pool = [Tally(c) for c in candidates(engine.spec_types, info.has_mtp, draft)]
-    cost: dict[str, float] = {}  # seconds per prompt pair (candidate + baseline), per candidate
+    cost: dict[str, float] = {}  # seconds per prompt of each candidate's own runs
+    off_cost: list[float] = []  # seconds of each run of off
+    offs: dict[tuple[str, int], Sample] = {}  # off's run of each prompt (task, variant), shared by the candidates
     baseline_tok: list[float] = []
     served = 0  # prompts handed out so far: every prompt of the sweep is a different one
     rounds = 0
@@ -485,8 +503,8 @@ def run_tune(model_path: Path, engine, workload: str, tasks, budget_s: float, to
             alive = pool
             while alive:
                 left = budget_s - (time.monotonic() - started)
-                per_round = round_prompts(rounds + 1, len(tasks), [cost[t.candidate.label] for t in alive]
-                                          if rounds else None, left)
+                per_round = round_prompts(rounds + 1, len(tasks), [_mean(off_cost)] + [
+                    cost[t.candidate.label] for t in alive] if rounds else None, left)
                 if per_round == 0:
                     progress(f"budget: {budget_s - left:.0f} of {budget_s:.0f} s spent; round {rounds + 1} "
                              f"({len(alive)} candidate(s)) does not fit, the sweep stops at round {rounds}")
@@ -499,35 +517,43 @@ def run_tune(model_path: Path, engine, workload: str, tasks, budget_s: float, to
                 for t in alive:
                     if rounds == 1 and cost and not round_one_admits(
                             [cost[m.candidate.label] for m in measured_this_round], max(cost.values()), per_round,
-                            time.monotonic() - started, budget_s):
+                            time.monotonic() - started, budget_s, _mean(off_cost)):
                         # round 1 may stop early (the candidates measured so far ran the same prompts), keeping
                         # the time for round 2
                         progress(f"budget: {time.monotonic() - started:.0f} of {budget_s:.0f} s spent in round 1; "
                                  f"{len(alive) - len(measured_this_round)} candidate(s) left unmeasured, the rest "
                                  f"kept for round 2")
                         break
-                    t0 = time.monotonic()
                     cand = live.get(t.candidate.label)
                     if cand is None:
                         cand = Bench(info, engine, [BenchConfig(t.candidate.label, t.candidate.speculator)], ctx,
                                      progress)
                         cand.__enter__()  # stops its server itself when it fails to start
                         live[t.candidate.label] = cand
+                    own = 0.0
                     for task, variant in prompts:
                         prompt = task.prompt(variant)
                         n = tokens or task.tokens
                         pid = len(t.samples)
-                        # the baseline and the candidate alternate who goes first (drift hits both alike)
-                        if pid % 2 == 0:
-                            b = base.round(workload, None, pid, prompt, n, lambda *_: None)[0]
-                            s = cand.round(workload, None, pid, prompt, n, lambda *_: None)[0]
+
+                        key = (task.name, variant)
+                        b = offs.get(key)
+                        if b is None:  # off and the first candidate alternate who goes first (drift)
+                            if pid % 2 == 0:
+                                (b, off_s), (s, took) = _timed(base, workload, pid, prompt, n), \
+                                    _timed(cand, workload, pid, prompt, n)
+                            else:
+                                (s, took), (b, off_s) = _timed(cand, workload, pid, prompt, n), \
+                                    _timed(base, workload, pid, prompt, n)
+                            offs[key] = b
+                            off_cost.append(off_s)
+                            baseline_tok.append(b.tok_s)
                         else:
-                            s = cand.round(workload, None, pid, prompt, n, lambda *_: None)[0]
-                            b = base.round(workload, None, pid, prompt, n, lambda *_: None)[0]
+                            s, took = _timed(cand, workload, pid, prompt, n)
+                        own += took
                         t.baseline.append(b)
                         t.samples.append(s)
-                        baseline_tok.append(b.tok_s)
-                    cost[t.candidate.label] = (time.monotonic() - t0) / per_round
+                    cost[t.candidate.label] = own / per_round
                     measured_this_round.append(t)
                     progress(f"  {t.candidate.label}: {t.tok_s:.1f} tok/s, {t.speedup:.2f}x of off "
                              f"({time.monotonic() - started:.0f}/{budget_s:.0f} s)")
