@@ -124,6 +124,24 @@ def test_shipped_workloads_have_three_code_tasks_and_fixed_lengths() -> None:
             assert t.prompt(0) == a  # the same variant repeats exactly (--repeat)
 
 
+def test_bench_first_run_sends_the_prompts_of_later_runs() -> None:
+    """`bench --first-run N` asks the prompts of runs N, N+1, ...: run r is otherwise the same prompt in every
+    bench (on edit, the same function), and 30 functions did not settle which n-gram type is best."""
+    from bostudio.bench.runner import Plan, run
+
+    sent: list[str] = []
+    fake = SimpleNamespace(round=lambda workload, ctx, pid, prompt, tokens, step, rotate: sent.append(prompt) or [])
+    for first in (0, 1000):
+        sent.clear()
+        run(fake, Plan({"edit": SHIPPED["edit"], "code": SHIPPED["code"]}, 2, (), None, False, 1, first),
+            lambda *_: None)
+        rewrite, (review, tests, refactor) = SHIPPED["edit"][0], SHIPPED["code"]
+        assert sent == [rewrite.prompt(first), review.prompt(first), tests.prompt(first + 31),
+                        refactor.prompt(first + 62), rewrite.prompt(first + 1), review.prompt(first + 1),
+                        tests.prompt(first + 32), refactor.prompt(first + 63)]
+    assert rewrite.prompt(1000) != rewrite.prompt(0)
+
+
 def test_code_tasks_read_the_projects_own_source() -> None:
     root = Path(__file__).resolve().parent.parent / "bostudio"
     for t in SHIPPED["code"] + SHIPPED["edit"]:

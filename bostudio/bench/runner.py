@@ -436,6 +436,7 @@ class Plan:
     tokens: int | None  # overrides each task's own output length
     repeat: bool
     n_configs: int
+    first_run: int = 0  # run r sends the prompts of variant first_run + r (0: every bench asks the same ones)
 
     @property
     def steps(self) -> int:
@@ -479,7 +480,8 @@ def run(bench: Bench, plan: Plan, progress: Callable[[int, int, str], None], loa
     for r in range(plan.runs):
         for name, tasks in plan.workloads.items():
             for j, task in enumerate(tasks):
-                variant = 0 if plan.repeat else r + 31 * j  # tasks of one workload read different code
+                # tasks of one workload read different code
+                variant = 0 if plan.repeat else plan.first_run + r + 31 * j
                 tokens = plan.tokens or task.tokens
                 what = f"run {r + 1}/{plan.runs} {name}/{task.name}"
                 # the order rotates with every prompt, so that even one run does not always start with off
@@ -487,7 +489,7 @@ def run(bench: Bench, plan: Plan, progress: Callable[[int, int, str], None], loa
                 prompt_id += 1
         for length in plan.ctx_sweep:
             tokens = plan.tokens or 64
-            prompt = bench.context_prompt(length - tokens - 8, 0 if plan.repeat else r)
+            prompt = bench.context_prompt(length - tokens - 8, 0 if plan.repeat else plan.first_run + r)
             samples += one("context", length, prompt_id, prompt, tokens, f"run {r + 1}/{plan.runs} context {length}")
             prompt_id += 1
     return samples

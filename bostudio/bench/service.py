@@ -30,6 +30,7 @@ class BenchOptions:
     runs: int = 3
     tokens: int | None = None  # override each task's fixed output length
     repeat: bool = False
+    first_run: int = 0  # the prompts of runs first_run, first_run + 1, ... (tune's are from 1000)
     turns: int = 50
     tokens_per_turn: int = 400
     engine: str | None = None
@@ -70,7 +71,9 @@ def run_bench(opts: BenchOptions, progress: Callable[[int, int, str], None],
     configs = with_settings(
         [c for n in config_names(opts.spec, engine, info) for c in resolve_configs(n, info, engine, ctx, note)],
         opts.threads, opts.flash_attn)
-    plan = Plan(workloads, opts.runs, tuple(sweep), opts.tokens, opts.repeat, len(configs))
+    if opts.first_run < 0:
+        raise ConfigError(f"--first-run {opts.first_run} is not a run", "use --first-run 0 or more")
+    plan = Plan(workloads, opts.runs, tuple(sweep), opts.tokens, opts.repeat, len(configs), opts.first_run)
     with CompetingLoad(opts.load) as load, Bench(info, engine, configs, ctx, note) as bench:
         samples = run(bench, plan, progress, load if opts.load else None)
         argv = {c.label: bench.argv(c, 0)[1:] for c in configs}
@@ -79,6 +82,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[int, int, str], None],
     projection = measure.project(rows, opts.turns, opts.tokens_per_turn)
     doc = measure.report_json(model_name(path), f"{engine.version} ({engine.commit}, {'+'.join(engine.backends)})",
                               opts.runs, rows, projection, model_path=str(path), repeat=opts.repeat,
+                              first_run=opts.first_run,
                               configs={c.label: {"spec_types": list(c.speculator.spec_types),
                                                  "draft": str(c.speculator.draft) if c.speculator.draft else None,
                                                  "argv": argv[c.label]} for c in configs},

@@ -29,7 +29,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     workloads = tuple(w for arg in args.workload for w in arg.split(",") if w) if args.workload else (
         () if args.ctx and args.ctx_only else ("code", "edit", "chat"))
     opts = BenchOptions(model=args.model, workloads=workloads, spec=args.spec, ctx=args.ctx, runs=args.runs,
-                        tokens=args.tokens, repeat=args.repeat, turns=args.turns,
+                        tokens=args.tokens, repeat=args.repeat, first_run=args.first_run, turns=args.turns,
                         tokens_per_turn=args.tokens_per_turn, engine=args.engine, load=args.load,
                         threads=args.threads, flash_attn=args.flash_attn, prefix_tokens=args.prefix_tokens,
                         session_turns=args.session_turns)
@@ -205,6 +205,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "sessions: 128 a turn)")
     p.add_argument("--repeat", action="store_true",
                    help="send the same prompts every run (n-gram state from earlier runs then flatters)")
+    p.add_argument("--first-run", type=int, default=0, metavar="N",
+                   help="send the prompts of runs N, N+1, ... (default 0: run r is the same prompt in every "
+                        "bench, e.g. the same function on edit; another N asks other functions, modules and "
+                        "topics; tune's prompts start at 1000)")
     p.add_argument("--turns", type=int, default=50, metavar="N", help="projection: agent turns (default 50)")
     p.add_argument("--tokens-per-turn", type=int, default=400, metavar="M",
                    help="projection: output tokens per turn (default 400)")
