@@ -46,6 +46,8 @@ def run_bench(opts: BenchOptions, progress: Callable[[int, int, str], None],
     """Run the bench; returns the rows, the projection and the JSON document."""
     if opts.runs < 1:
         raise ConfigError(f"--runs {opts.runs} is not a number of runs", "use --runs 1 or more")
+    if opts.first_run < 0:
+        raise ConfigError(f"--first-run {opts.first_run} is not a run", "use --first-run 0 or more")
     if opts.tokens is not None and not 1 <= opts.tokens <= 4096:
         raise ConfigError(f"--tokens {opts.tokens} is out of range", "use 1 to 4096 output tokens")
     if any(is_session(w) for w in opts.workloads):
@@ -71,8 +73,6 @@ def run_bench(opts: BenchOptions, progress: Callable[[int, int, str], None],
     configs = with_settings(
         [c for n in config_names(opts.spec, engine, info) for c in resolve_configs(n, info, engine, ctx, note)],
         opts.threads, opts.flash_attn)
-    if opts.first_run < 0:
-        raise ConfigError(f"--first-run {opts.first_run} is not a run", "use --first-run 0 or more")
     plan = Plan(workloads, opts.runs, tuple(sweep), opts.tokens, opts.repeat, len(configs), opts.first_run)
     with CompetingLoad(opts.load) as load, Bench(info, engine, configs, ctx, note) as bench:
         samples = run(bench, plan, progress, load if opts.load else None)

@@ -208,18 +208,18 @@ def halve(tallies: list[Tally]) -> list[Tally]:
 FIRST_ROUND_PROMPTS = 3
 
 
-def round_prompts(round_no: int, n_tasks: int, pair_costs: Sequence[float] | None, left_s: float) -> int:
+def round_prompts(round_no: int, n_tasks: int, costs: Sequence[float] | None, left_s: float) -> int:
     """How many prompts each survivor runs in round `round_no` (1-based): whole sets of one prompt per task
     of the workload, at least FIRST_ROUND_PROMPTS in round 1, doubling every round (successive halving), so
-    that each round weighs every task alike; when the whole round does not fit in `left_s` at the survivors'
-    measured cost per prompt pair, as many whole sets of tasks as fit; 0 when not even one set fits (the
-    sweep stops there, never halfway through a round). `pair_costs`: the seconds one prompt costs each
+    that each round weighs every task alike; when the whole round does not fit in `left_s` at its runners'
+    measured cost per prompt, as many whole sets of tasks as fit; 0 when not even one set fits (the
+    sweep stops there, never halfway through a round). `costs`: the seconds one prompt costs each
     runner of the round (off, once per prompt, and each survivor); None before anything was measured (round 1
     always runs)."""
     want = n_tasks * math.ceil(FIRST_ROUND_PROMPTS / n_tasks) * 2 ** (round_no - 1)
-    if pair_costs is None:
+    if costs is None:
         return want
-    per_prompt = sum(pair_costs)
+    per_prompt = sum(costs)
     if per_prompt <= 0:
         return want
     fits = int(left_s // per_prompt)
@@ -535,7 +535,6 @@ def run_tune(model_path: Path, engine, workload: str, tasks, budget_s: float, to
                         prompt = task.prompt(variant)
                         n = tokens or task.tokens
                         pid = len(t.samples)
-
                         key = (task.name, variant)
                         b = offs.get(key)
                         if b is None:  # off and the first candidate alternate who goes first (drift)
