@@ -195,15 +195,15 @@ def head_to_head(a: Tally, b: Tally) -> list[tuple[Sample, Sample]]:
     for comparing two candidates with each other directly: paired_total of these pairs is a's speed-up over b's,
     and total_interval its interval."""
     theirs = {(x.workload, x.ctx, x.run): x for x in b.samples}
-    return [(x, theirs[(x.workload, x.ctx, x.run)]) for x in a.samples if (x.workload, x.ctx, x.run) in theirs]
+    return [(x, y) for x in a.samples if (y := theirs.get((x.workload, x.ctx, x.run))) is not None]
 
 
-def clearly_slower(a: Tally, b: Tally, pairs_needed: int = 1) -> bool:
+def clearly_slower(a: Tally, b: Tally) -> bool:
     """Whether `a` ran slower than `b` beyond the measured noise: the interval of its speed-up over b on the
-    prompts both ran (head_to_head, total_interval) lies below 1.0. False on fewer than `pairs_needed` such
-    prompts (nothing tells them apart)."""
+    prompts both ran (head_to_head, total_interval) lies below 1.0. False when they ran no prompt in common
+    (nothing tells them apart)."""
     pairs = head_to_head(a, b)
-    return len(pairs) >= pairs_needed and total_interval(pairs)[1] < 1.0
+    return bool(pairs) and total_interval(pairs)[1] < 1.0
 
 
 def halve(tallies: list[Tally]) -> list[Tally]:
